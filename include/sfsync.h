@@ -1,0 +1,293 @@
+/*
+ * sfsync: data-parallel gradient synchronization exactly once per
+ * gradient-accumulation window.
+ *
+ * This is the whole public ABI. It is plain C99 (also valid C++), includes no
+ * CUDA, NCCL or Gloo header, and only grows: status codes and enum values are
+ * never renumbered, structs that carry a `struct_size` only grow at the end.
+ *
+ * Conventions for every function below unless its comment says otherwise:
+ *  - The return value is an sf_status; SF_OK (0) means success. On failure the
+ *    calling thread's sf_last_error() names the function, the argument and the
+ *    value at fault, and out-parameters are left untouched.
+ *  - No exception, abort or exit crosses this boundary.
+ *  - A context may be used from several threads, but the window calls
+ *    (begin/end/synchronize) and registration must not race with each other;
+ *    sf_grad_ready may be called from any thread (e.g. autograd hooks).
+ *  - Sizes and counts are 64-bit; byte sizes are in bytes, caps in MiB
+ *    (1 MiB = 1048576 bytes, the unit of PyTorch DDP's bucket_cap_mb).
+ */
+#ifndef SFSYNC_H
+#define SFSYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define SF_API
+#else
+#define SF_API __attribute__((visibility("default")))
+#endif
+
+/* ---- Versions ----------------------------------------------------------- */
+
+#define SF_VERSION_MAJOR 0
+#define SF_VERSION_MINOR 1
+#define SF_VERSION_PATCH 0
+/** MAJOR * 10000 + MINOR * 100 + PATCH; compare with sf_version_number(). */
+#define SF_VERSION_NUMBER (SF_VERSION_MAJOR * 10000 + SF_VERSION_MINOR * 100 + SF_VERSION_PATCH)
+/** Bumped only when an existing function or struct prefix changes meaning. */
+#define SF_ABI_VERSION 1
+
+/** @return SF_ABI_VERSION of the loaded library. A host that dlopens the
+ *  library compares it with the value it was written against. Since 0.1. */
+SF_API int32_t sf_abi_version(void);
+/** @return SF_VERSION_NUMBER of the loaded library. Since 0.1. */
+SF_API int32_t sf_version_number(void);
+/** @return "MAJOR.MINOR.PATCH", static storage. Since 0.1. */
+SF_API const char* sf_version_string(void);
+
+/* ---- Status and errors -------------------------------------------------- */
+
+typedef int32_t sf_status;
+#define SF_OK 0
+#define SF_ERR_INVALID_ARGUMENT 1 /* a NULL, out-of-range or malformed argument */
+#define SF_ERR_INVALID_STATE 2    /* a call at the wrong time (window misuse, late registration) */
+#define SF_ERR_MISMATCH 3         /* ranks disagree (gradient layout) */
+#define SF_ERR_BACKEND 4          /* the transport failed (peer lost, connection refused) */
+#define SF_ERR_TIMEOUT 5          /* a collective or rendezvous outlived timeout_ms */
+#define SF_ERR_UNSUPPORTED 6      /* not available in this build or on this machine */
+#define SF_ERR_OUT_OF_MEMORY 7    /* an allocation failed */
+#define SF_ERR_INTERNAL 8         /* a bug in sfsync: please report it */
+
+/** @return a static, human-readable description of `status` that says what
+ *  to do next; "unknown status" for values this version does not know. */
+SF_API const char* sf_status_string(sf_status status);
+
+/** @return the message of the last failed sfsync call on this thread ("" if
+ *  none). Valid until the next sfsync call on the same thread. */
+SF_API const char* sf_last_error(void);
+
+/* ---- Enumerations (int32 values, never renumbered) --------------------- */
+
+typedef int32_t sf_dtype;
+#define SF_DTYPE_FLOAT32 0
+#define SF_DTYPE_FLOAT64 1
+#define SF_DTYPE_FLOAT16 2
+#define SF_DTYPE_BFLOAT16 3
+
+typedef int32_t sf_device;
+#define SF_DEVICE_HOST 0 /* host memory: Gloo */
+#define SF_DEVICE_CUDA 1 /* CUDA device memory: NCCL */
+
+typedef int32_t sf_reduce_op;
+#define SF_REDUCE_AVERAGE 0 /* sum / world_size (default, as DDP) */
+#define SF_REDUCE_SUM 1     /* plain sum */
+#define SF_REDUCE_PRESCALED_SUM 2 /* sum of (prescale * gradient), e.g. 1 / global token count */
+
+typedef int32_t sf_backend;
+#define SF_BACKEND_AUTO 0 /* NCCL for device gradients, Gloo for host gradients */
+#define SF_BACKEND_GLOO 1
+#define SF_BACKEND_NCCL 2
+
+/* ---- Options ------------------------------------------------------------ */
+
+/** Size of the rendezvous string field, terminating NUL included. */
+#define SF_RENDEZVOUS_MAX 256
+
+/**
+ * Context options. Fill with sf_options_init(&o, sizeof o) and change what
+ * you need; never initialize by hand (fields are only ever appended).
+ */
+typedef struct sf_options {
+  uint64_t struct_size;     /* sizeof(sf_options) as the caller knows it */
+  int32_t rank;             /* this process's rank; env RANK (default 0) */
+  int32_t world_size;       /* number of ranks; env WORLD_SIZE (default 1) */
+  int32_t local_rank;       /* rank on this machine (GPU index); env LOCAL_RANK (default 0) */
+  sf_backend backend;       /* env SF_BACKEND = auto|gloo|nccl (default auto) */
+  sf_reduce_op reduce_op;   /* env SF_REDUCE = average|sum|prescaled_sum (default average) */
+  int32_t reserved0;        /* must be 0 */
+  double prescale;          /* factor for SF_REDUCE_PRESCALED_SUM; env SF_PRESCALE (default 1) */
+  double bucket_cap_mb;     /* bucket cap in MiB; env SF_BUCKET_CAP_MB (default 25) */
+  double first_bucket_cap_mb; /* cap of the first bucket; env SF_FIRST_BUCKET_CAP_MB (default 1) */
+  int64_t timeout_ms;       /* every collective and rendezvous; env SF_TIMEOUT_MS (default 300000) */
+  /** Where ranks meet; env SF_RENDEZVOUS, else "env://" when MASTER_ADDR is
+   *  set, else "" (only valid for world_size 1). Forms:
+   *    "env://"            a TCP store served by rank 0 on MASTER_ADDR:MASTER_PORT
+   *    "file:///dir"       Gloo's FileStore in a fresh directory (one per job)
+   *    "redis://host:port[/prefix]"  Gloo's RedisStore (one prefix per job)
+   *    "memory://name"     an in-process store: ranks are threads of one process */
+  char rendezvous[SF_RENDEZVOUS_MAX];
+} sf_options;
+
+/**
+ * Fill `opts` with the defaults, then apply the SF_* and torchrun
+ * environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+ * MASTER_PORT). Writes min(struct_size, sizeof(sf_options)) bytes.
+ * @param struct_size the caller's sizeof(sf_options); smaller than the
+ *        version-1 size is SF_ERR_INVALID_ARGUMENT.
+ * @return SF_ERR_INVALID_ARGUMENT for a NULL `opts` or an environment
+ *         variable that does not parse (the message names it); the struct
+ *         then holds the defaults and every valid variable.
+ */
+SF_API sf_status sf_options_init(sf_options* opts, uint64_t struct_size);
+
+/* ---- Context ------------------------------------------------------------ */
+
+/** Opaque handle: one data-parallel group with its gradients and window. */
+typedef struct sf_context sf_context;
+
+/**
+ * Create a context. Does not connect to peers: that happens on the first
+ * synchronization that needs them.
+ * @param opts options filled by sf_options_init, or NULL for the defaults
+ *        and environment. Copied; the caller keeps ownership.
+ * @param out receives the new context; release it with sf_destroy.
+ */
+SF_API sf_status sf_create(const sf_options* opts, sf_context** out);
+
+/** Destroy a context (NULL accepted and ignored). Waits for collectives in
+ *  flight (bounded by the timeout). Never fails; the default context must not
+ *  be passed here. */
+SF_API void sf_destroy(sf_context* ctx);
+
+/**
+ * The process-wide default context, created from the environment on first
+ * use (thread-safe). It succeeds without RANK/WORLD_SIZE (then world size 1)
+ * and connects to peers only when first asked to synchronize gradients of its
+ * own. Owned by the library; lives until exit.
+ */
+SF_API sf_status sf_default_context(sf_context** out);
+
+/** Copy the context's effective options into `out` (out->struct_size must be
+ *  set by the caller; that many bytes at most are written). */
+SF_API sf_status sf_get_options(const sf_context* ctx, sf_options* out);
+
+/* ---- Bucket configuration ---------------------------------------------- */
+
+/** Set the bucket cap in MiB: positive and finite, else
+ *  SF_ERR_INVALID_ARGUMENT naming the value. SF_ERR_INVALID_STATE once the
+ *  buckets are built. */
+SF_API sf_status sf_set_bucket_cap_mb(sf_context* ctx, double mb);
+/** Same for the first bucket (the gradients ready first). */
+SF_API sf_status sf_set_first_bucket_cap_mb(sf_context* ctx, double mb);
+
+/* ---- Gradients ---------------------------------------------------------- */
+
+/**
+ * Register a gradient buffer the host owns. The plugin reads and writes
+ * `numel` elements at `data` during synchronization; the host keeps the
+ * buffer alive and in place for the life of the context.
+ * @param name optional (may be NULL), copied; used in error messages.
+ * @param out_id receives the gradient's id (0, 1, ... in registration order).
+ * SF_ERR_INVALID_STATE once the buckets are built.
+ */
+SF_API sf_status sf_register_gradient(sf_context* ctx, void* data, int64_t numel, sf_dtype dtype,
+                                      sf_device device, const char* name, int64_t* out_id);
+
+/**
+ * Declare a gradient whose storage the plugin owns: a view into one flat
+ * buffer laid out bucket by bucket, so that synchronization copies nothing
+ * (like DDP's gradient_as_bucket_view). Get its address with
+ * sf_gradient_data once all gradients are declared. The flat buffer starts
+ * zeroed. SF_ERR_INVALID_STATE once the buckets are built.
+ */
+SF_API sf_status sf_add_gradient(sf_context* ctx, int64_t numel, sf_dtype dtype, sf_device device,
+                                 const char* name, int64_t* out_id);
+
+/**
+ * Build the buckets (reverse registration order, capped by bucket_cap_mb,
+ * first bucket by first_bucket_cap_mb, one dtype and device per bucket, a
+ * gradient never split) and allocate the flat buffer. Local: no
+ * communication. Done implicitly by the first sf_gradient_data,
+ * sf_grad_ready or sf_synchronize; a second call does nothing.
+ * SF_ERR_INVALID_STATE if no gradient is registered.
+ */
+SF_API sf_status sf_build_buckets(sf_context* ctx);
+
+/** Address of gradient `id`: the host's own pointer, or the view into the
+ *  plugin's flat buffer (valid for the life of the context). Builds the
+ *  buckets if needed. */
+SF_API sf_status sf_gradient_data(sf_context* ctx, int64_t id, void** out);
+
+/** Zero every registered gradient (host and plugin-owned), as an optimizer's
+ *  zero_grad. SF_ERR_INVALID_STATE while a synchronization is in flight. */
+SF_API sf_status sf_zero_gradients(sf_context* ctx);
+
+/* ---- The accumulation window ------------------------------------------- */
+
+/**
+ * Enter an accumulation window: until sf_end_accumulation, nothing is
+ * communicated, whatever the host calls. SF_ERR_INVALID_STATE if already
+ * inside a window, or if bucket collectives were started and not yet waited
+ * for by sf_synchronize. Cost: well under a microsecond.
+ */
+SF_API sf_status sf_begin_accumulation(sf_context* ctx);
+
+/** Leave the window: the next synchronization carries everything
+ *  accumulated. SF_ERR_INVALID_STATE without a matching begin. */
+SF_API sf_status sf_end_accumulation(sf_context* ctx);
+
+/** 1 inside a window, 0 outside; -1 for a NULL context. */
+SF_API int32_t sf_in_accumulation(const sf_context* ctx);
+
+/**
+ * Report that gradient `id` is final for this backward pass. Inside a window
+ * it is only counted. Outside, once every gradient of a bucket is ready (and
+ * every earlier bucket started), that bucket's collective starts, overlapping
+ * the rest of the backward pass. Reporting the same gradient twice before
+ * sf_synchronize outside a window is SF_ERR_INVALID_STATE (its bucket may be
+ * in flight). Thread-safe.
+ */
+SF_API sf_status sf_grad_ready(sf_context* ctx, int64_t id);
+
+/**
+ * Start what is left, wait for every bucket, and leave every rank holding
+ * the same reduced gradients: exactly one collective per bucket per window.
+ * SF_ERR_INVALID_STATE inside a window. The first call verifies that all
+ * ranks registered the same layout (SF_ERR_MISMATCH on every rank, naming
+ * the first differing gradient). A backend failure leaves the context
+ * failed: every later synchronization returns the same error.
+ */
+SF_API sf_status sf_synchronize(sf_context* ctx);
+
+/* ---- Stats -------------------------------------------------------------- */
+
+/** Counters since creation; fill with sf_get_stats (struct_size first). */
+typedef struct sf_stats {
+  uint64_t struct_size;
+  int64_t windows_begun;       /* sf_begin_accumulation calls that succeeded */
+  int64_t windows_completed;   /* sf_synchronize calls that succeeded */
+  int64_t deferred_passes;     /* full sets of grad-ready reports inside windows */
+  int64_t deferred_ready_calls;/* sf_grad_ready calls inside windows */
+  int64_t collectives_issued;  /* gradient collectives (one per bucket per window) */
+  int64_t early_launches;      /* of those, started by sf_grad_ready before sf_synchronize */
+  int64_t bytes_reduced;       /* gradient bytes that went through collectives */
+  int64_t bucket_count;        /* 0 until the buckets are built */
+  int64_t largest_bucket_bytes;
+  int64_t smallest_bucket_bytes;
+  int64_t gradient_count;
+  int64_t gradient_bytes;      /* sum of all registered gradients' sizes */
+  int64_t sync_ns_total;       /* time spent inside sf_synchronize */
+} sf_stats;
+
+/** Copy the counters; out->struct_size must be set (>= the version-1 size). */
+SF_API sf_status sf_get_stats(const sf_context* ctx, sf_stats* out);
+
+/**
+ * Describe bucket `index` (0 = the first synchronized): its size in bytes,
+ * number of gradients and dtype. Any out pointer may be NULL.
+ * SF_ERR_INVALID_STATE before the buckets are built.
+ */
+SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
+                                int64_t* gradient_count, sf_dtype* dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SFSYNC_H */

@@ -1,0 +1,206 @@
+// The extern "C" functions of include/sfsync.h, each one line into C++.
+
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "plugin/api/guard.h"
+#include "plugin/core/options.h"
+
+namespace sfsync {
+
+namespace {
+thread_local std::string tLastError;
+}
+
+void setLastError(const char* function, const char* message) noexcept {
+  try {
+    tLastError = std::string(function) + ": " + message;
+  } catch (...) {
+  }
+}
+
+// Copies `src` into the caller's struct of its own struct_size (at least
+// `v1Size`): the only way a sized struct crosses the boundary outwards.
+template <typename T>
+void copyOut(T* dst, const T& src, const char* what) {
+  T& out = checked(dst, "out");
+  const uint64_t callerSize = out.struct_size;
+  if (callerSize < sizeof(T)) {
+    fail(SF_ERR_INVALID_ARGUMENT, "out->struct_size = " + std::to_string(callerSize) +
+                                      " is smaller than sizeof(" + what + ") = " +
+                                      std::to_string(sizeof(T)) + " of ABI version 1");
+  }
+  std::memcpy(&out, &src, sizeof(T));
+  out.struct_size = callerSize;
+}
+
+}  // namespace sfsync
+
+using sfsync::checked;
+using sfsync::fail;
+using sfsync::guard;
+
+extern "C" {
+
+int32_t sf_abi_version(void) { return SF_ABI_VERSION; }
+int32_t sf_version_number(void) { return SF_VERSION_NUMBER; }
+const char* sf_version_string(void) {
+#define SF_STR2(x) #x
+#define SF_STR(x) SF_STR2(x)
+  return SF_STR(SF_VERSION_MAJOR) "." SF_STR(SF_VERSION_MINOR) "." SF_STR(SF_VERSION_PATCH);
+}
+
+const char* sf_status_string(sf_status status) {
+  switch (status) {
+    case SF_OK: return "success";
+    case SF_ERR_INVALID_ARGUMENT: return "invalid argument (sf_last_error() names it)";
+    case SF_ERR_INVALID_STATE:
+      return "invalid state: a call at the wrong point of the accumulation window or after the "
+             "buckets were built (sf_last_error() says which)";
+    case SF_ERR_MISMATCH:
+      return "ranks disagree on the gradient layout (register the same gradients in the same "
+             "order on every rank)";
+    case SF_ERR_BACKEND: return "the transport failed: a peer was lost or could not be reached";
+    case SF_ERR_TIMEOUT:
+      return "timed out waiting for peers (raise SF_TIMEOUT_MS or check that every rank runs)";
+    case SF_ERR_UNSUPPORTED: return "not supported in this build or on this machine";
+    case SF_ERR_OUT_OF_MEMORY: return "out of memory";
+    case SF_ERR_INTERNAL: return "internal error in sfsync (please report it)";
+    default: return "unknown status";
+  }
+}
+
+const char* sf_last_error(void) { return sfsync::tLastError.c_str(); }
+
+sf_status sf_options_init(sf_options* opts, uint64_t struct_size) {
+  return guard("sf_options_init", [&] {
+    sf_options& out = checked(opts, "opts");
+    if (struct_size < sfsync::kOptionsV1Size) {
+      fail(SF_ERR_INVALID_ARGUMENT, "struct_size = " + std::to_string(struct_size) +
+                                        " is smaller than sizeof(sf_options) = " +
+                                        std::to_string(sfsync::kOptionsV1Size) + " of ABI version 1");
+    }
+    sf_options full;
+    std::string error;
+    sf_status status = SF_OK;
+    try {
+      sfsync::optionsFromEnvironment(full);
+    } catch (const sfsync::Error& e) {  // the struct still gets every valid value
+      status = e.status();
+      error = e.what();
+    }
+    full.struct_size = struct_size < sizeof full ? struct_size : sizeof full;
+    std::memcpy(&out, &full, size_t(full.struct_size));
+    out.struct_size = struct_size;
+    if (status != SF_OK) throw sfsync::Error(status, error);
+  });
+}
+
+sf_status sf_create(const sf_options* opts, sf_context** out) {
+  return guard("sf_create", [&] {
+    sf_context*& result = checked(out, "out");
+    sf_options o = sfsync::optionsFromCaller(opts);
+    sfsync::validateOptions(o);
+    result = new sf_context(o);
+  });
+}
+
+void sf_destroy(sf_context* ctx) {
+  sf_context* def = nullptr;
+  if (!ctx || (sf_default_context(&def) == SF_OK && ctx == def)) return;
+  delete ctx;
+}
+
+sf_status sf_default_context(sf_context** out) {
+  return guard("sf_default_context", [&] {
+    sf_context*& result = checked(out, "out");
+    // Leaked on purpose: hosts (and the shim) may use it from atexit handlers.
+    static std::mutex m;
+    static sf_context* instance = nullptr;
+    std::lock_guard<std::mutex> lock(m);
+    if (!instance) {
+      sf_options o = sfsync::optionsFromCaller(nullptr);
+      sfsync::validateOptions(o);
+      instance = new sf_context(o);
+    }
+    result = instance;
+  });
+}
+
+sf_status sf_get_options(const sf_context* ctx, sf_options* out) {
+  return guard("sf_get_options",
+               [&] { sfsync::copyOut(out, checked(ctx).options(), "sf_options"); });
+}
+
+sf_status sf_set_bucket_cap_mb(sf_context* ctx, double mb) {
+  return guard("sf_set_bucket_cap_mb", [&] { checked(ctx).setBucketCapMb(mb); });
+}
+
+sf_status sf_set_first_bucket_cap_mb(sf_context* ctx, double mb) {
+  return guard("sf_set_first_bucket_cap_mb", [&] { checked(ctx).setFirstBucketCapMb(mb); });
+}
+
+sf_status sf_register_gradient(sf_context* ctx, void* data, int64_t numel, sf_dtype dtype,
+                               sf_device device, const char* name, int64_t* out_id) {
+  return guard("sf_register_gradient", [&] {
+    sfsync::Context& c = checked(ctx);
+    if (!data) fail(SF_ERR_INVALID_ARGUMENT, "data is NULL (use sf_add_gradient for a plugin-owned buffer)");
+    checked(out_id, "out_id") = c.registerGradient(data, numel, dtype, device, name);
+  });
+}
+
+sf_status sf_add_gradient(sf_context* ctx, int64_t numel, sf_dtype dtype, sf_device device,
+                          const char* name, int64_t* out_id) {
+  return guard("sf_add_gradient", [&] {
+    sfsync::Context& c = checked(ctx);
+    checked(out_id, "out_id") = c.registerGradient(nullptr, numel, dtype, device, name);
+  });
+}
+
+sf_status sf_build_buckets(sf_context* ctx) {
+  return guard("sf_build_buckets", [&] { checked(ctx).buildBuckets(); });
+}
+
+sf_status sf_gradient_data(sf_context* ctx, int64_t id, void** out) {
+  return guard("sf_gradient_data", [&] {
+    sfsync::Context& c = checked(ctx);
+    checked(out, "out") = c.gradientData(id);
+  });
+}
+
+sf_status sf_zero_gradients(sf_context* ctx) {
+  return guard("sf_zero_gradients", [&] { checked(ctx).zeroGradients(); });
+}
+
+sf_status sf_begin_accumulation(sf_context* ctx) {
+  return guard("sf_begin_accumulation", [&] { checked(ctx).beginAccumulation(); });
+}
+
+sf_status sf_end_accumulation(sf_context* ctx) {
+  return guard("sf_end_accumulation", [&] { checked(ctx).endAccumulation(); });
+}
+
+int32_t sf_in_accumulation(const sf_context* ctx) {
+  return ctx ? (ctx->inAccumulation() ? 1 : 0) : -1;
+}
+
+sf_status sf_grad_ready(sf_context* ctx, int64_t id) {
+  return guard("sf_grad_ready", [&] { checked(ctx).gradReady(id); });
+}
+
+sf_status sf_synchronize(sf_context* ctx) {
+  return guard("sf_synchronize", [&] { checked(ctx).synchronize(); });
+}
+
+sf_status sf_get_stats(const sf_context* ctx, sf_stats* out) {
+  return guard("sf_get_stats", [&] { sfsync::copyOut(out, checked(ctx).stats(), "sf_stats"); });
+}
+
+sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
+                         int64_t* gradient_count, sf_dtype* dtype) {
+  return guard("sf_bucket_info",
+               [&] { checked(ctx).bucketInfo(index, bytes, gradient_count, dtype); });
+}
+
+}  // extern "C"

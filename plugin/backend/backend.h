@@ -1,0 +1,49 @@
+#pragma once
+// The backend interface: what the reducer needs from a transport. A backend
+// reduces buckets across ranks; it does not know about windows or gradients.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include "sfsync.h"
+
+namespace sfsync {
+
+// How a bucket is combined: sum, optionally scaled before (prescale) and
+// after (postscale: 1/world_size for averaging). A factor of 1 means none.
+struct ReduceSpec {
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+
+// A collective in flight. wait() returns when it is done and throws
+// sfsync::Error (SF_ERR_BACKEND or SF_ERR_TIMEOUT) if it failed.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Collective: join the peers. Idempotent; called before the first collective.
+  virtual void connect() = 0;
+
+  // Start an in-place reduction of `numel` elements at `data`. Buckets are
+  // started in the same order on every rank; the backend keeps that order.
+  virtual std::unique_ptr<Work> startAllreduce(void* data, int64_t numel, sf_dtype dtype,
+                                               ReduceSpec spec) = 0;
+
+  // Blocking, for control messages (the layout check): elementwise max of
+  // `n` int64 values in host memory across ranks. No work may be in flight.
+  virtual void allreduceMaxInt64(int64_t* data, int64_t n) = 0;
+
+  // Best effort before teardown, bounded by the timeout; never throws.
+  virtual void barrierQuietly() noexcept = 0;
+};
+
+}  // namespace sfsync

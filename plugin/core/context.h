@@ -1,0 +1,61 @@
+#pragma once
+// A context: one data-parallel group. Responsible for the window state
+// machine (what may be communicated when), argument validation and the
+// stats; delegates gradients and buckets to the Reducer and transport to the
+// backends. Not responsible for how bytes move.
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "plugin/backend/backend.h"
+#include "plugin/reducer/reducer.h"
+#include "sfsync.h"
+
+namespace sfsync {
+
+class Context {
+ public:
+  explicit Context(const sf_options& opts);  // validated options
+  ~Context();
+
+  const sf_options& options() const { return opts_; }
+  void setBucketCapMb(double mb);
+  void setFirstBucketCapMb(double mb);
+
+  int64_t registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_device device,
+                           const char* name);
+  void buildBuckets() { reducer_.build(); }
+  void* gradientData(int64_t id);
+  void zeroGradients() { reducer_.zero(); }
+
+  void beginAccumulation();
+  void endAccumulation();
+  bool inAccumulation() const { return inWindow_.load(std::memory_order_relaxed); }
+  void gradReady(int64_t id);
+  void synchronize();
+
+  sf_stats stats() const;
+  void bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype* dtype) const;
+
+ private:
+  Backend& backendFor(sf_device device);
+  void checkId(int64_t id) const;
+
+  sf_options opts_;
+  std::mutex backendsMutex_;
+  std::map<sf_device, std::unique_ptr<Backend>> backends_;
+  Reducer reducer_;  // after backends_: destroyed first, while backends live
+
+  std::atomic<bool> inWindow_{false};
+  std::atomic<int64_t> readyInWindow_{0};
+  std::atomic<int64_t> deferredReadyCalls_{0};
+  std::atomic<int64_t> gradientCount_{0};  // readable without the reducer's lock
+  int64_t windowsBegun_ = 0;
+  int64_t windowsCompleted_ = 0;
+  int64_t deferredPasses_ = 0;
+  int64_t syncNs_ = 0;
+};
+
+}  // namespace sfsync

@@ -1,0 +1,30 @@
+#pragma once
+// Element types of gradients: sizes, names, 16-bit float conversions and the
+// scaling used for averaging and pre-scaling. Knows nothing of backends.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "sfsync.h"
+
+namespace sfsync {
+
+bool dtypeValid(sf_dtype dtype);
+size_t dtypeSize(sf_dtype dtype);  // bytes per element; 0 for an unknown dtype
+const char* dtypeName(sf_dtype dtype);
+const char* deviceName(sf_device device);
+
+float halfToFloat(uint16_t h);
+uint16_t floatToHalf(float f);  // round to nearest even
+float bf16ToFloat(uint16_t b);
+uint16_t floatToBf16(float f);  // round to nearest even
+
+// data[i] *= factor for `numel` elements of `dtype` in host memory.
+void scaleInPlace(void* data, int64_t numel, sf_dtype dtype, double factor);
+// dst[i] = src[i] * factor (factor 1 is a plain copy).
+void copyScaled(void* dst, const void* src, int64_t numel, sf_dtype dtype, double factor);
+// out[i] = a[i] + b[i]: the reduction that the host backends apply.
+void addInto(void* out, const void* a, const void* b, size_t numel, sf_dtype dtype);
+
+}  // namespace sfsync

@@ -1,0 +1,35 @@
+#pragma once
+// The context options: defaults, the SF_* and torchrun environment, and the
+// validation every entry point shares. Owns no state.
+
+#include <cstdint>
+#include <string>
+
+#include "sfsync.h"
+
+namespace sfsync {
+
+// Size of the first published sf_options; smaller struct_size values are rejected.
+constexpr uint64_t kOptionsV1Size = sizeof(sf_options);
+constexpr uint64_t kStatsV1Size = sizeof(sf_stats);
+
+constexpr double kDefaultBucketCapMb = 25.0;
+constexpr double kDefaultFirstBucketCapMb = 1.0;
+constexpr int64_t kDefaultTimeoutMs = 300000;
+
+// Fills `opts` (full size) with defaults, then the environment. Throws
+// sfsync::Error naming the first variable that does not parse, after applying
+// every variable that does.
+void optionsFromEnvironment(sf_options& opts);
+
+// Copies the caller's struct (of its own struct_size) over defaults.
+sf_options optionsFromCaller(const sf_options* caller);
+
+// Throws SF_ERR_INVALID_ARGUMENT naming the field and value at fault.
+void validateOptions(const sf_options& opts);
+void validateCap(double mb, const char* what);
+
+// Bytes of a cap given in MiB.
+int64_t capBytes(double mb);
+
+}  // namespace sfsync

@@ -1,0 +1,62 @@
+#include "plugin/reducer/bucket_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "plugin/core/dtype.h"
+
+namespace sfsync {
+
+std::vector<PlannedBucket> planBuckets(const std::vector<GradSpec>& grads, int64_t capBytes,
+                                       int64_t firstCapBytes) {
+  struct Open {
+    PlannedBucket bucket;
+    bool closedOne = false;  // has this group closed its first bucket yet
+    int64_t order = 0;       // position of the bucket's first gradient in the walk
+  };
+  std::map<std::pair<sf_dtype, sf_device>, Open> open;
+  std::vector<std::pair<int64_t, PlannedBucket>> closed;  // (close position, bucket)
+  int64_t position = 0;
+
+  auto close = [&](Open& o) {
+    closed.emplace_back(position, std::move(o.bucket));
+    o.bucket = PlannedBucket{};
+    o.closedOne = true;
+  };
+
+  for (int64_t id = int64_t(grads.size()) - 1; id >= 0; --id, ++position) {
+    const GradSpec& g = grads[size_t(id)];
+    const int64_t bytes = g.numel * int64_t(dtypeSize(g.dtype));
+    Open& o = open[{g.dtype, g.device}];
+    const int64_t cap = o.closedOne ? capBytes : firstCapBytes;
+    if (!o.bucket.grads.empty() && o.bucket.bytes + bytes > cap) close(o);
+    if (o.bucket.grads.empty()) {
+      o.bucket.dtype = g.dtype;
+      o.bucket.device = g.device;
+    }
+    o.bucket.grads.push_back(id);
+    o.bucket.bytes += bytes;
+    const int64_t capNow = o.closedOne ? capBytes : firstCapBytes;
+    if (o.bucket.bytes >= capNow) close(o);
+  }
+  // Leftover open buckets close at the end of the walk, in order of their
+  // first gradient so the result does not depend on map ordering.
+  std::vector<Open*> rest;
+  for (auto& kv : open) {
+    if (!kv.second.bucket.grads.empty()) rest.push_back(&kv.second);
+  }
+  std::sort(rest.begin(), rest.end(), [](const Open* a, const Open* b) {
+    return a->bucket.grads.front() > b->bucket.grads.front();
+  });
+  for (Open* o : rest) close(*o);
+
+  std::stable_sort(closed.begin(), closed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<PlannedBucket> out;
+  out.reserve(closed.size());
+  for (auto& c : closed) out.push_back(std::move(c.second));
+  return out;
+}
+
+}  // namespace sfsync

@@ -1,0 +1,124 @@
+#include "plugin/rendezvous/store_factory.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/redis_store.h>
+
+#include "plugin/core/error.h"
+#include "plugin/rendezvous/memory_store.h"
+#include "plugin/rendezvous/tcp_store.h"
+
+namespace sfsync {
+
+namespace {
+
+// PrefixStore over a store it keeps alive.
+class OwningPrefixStore : public gloo::rendezvous::Store {
+ public:
+  OwningPrefixStore(const std::string& prefix, std::shared_ptr<gloo::rendezvous::Store> inner)
+      : inner_(std::move(inner)), prefixed_(prefix, *inner_) {}
+  void set(const std::string& k, const std::vector<char>& d) override { prefixed_.set(k, d); }
+  std::vector<char> get(const std::string& k) override { return prefixed_.get(k); }
+  void wait(const std::vector<std::string>& keys) override { prefixed_.wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    prefixed_.wait(keys, t);
+  }
+
+ private:
+  std::shared_ptr<gloo::rendezvous::Store> inner_;
+  gloo::rendezvous::PrefixStore prefixed_;
+};
+
+bool startsWith(const std::string& s, const char* prefix) {
+  return s.compare(0, std::strlen(prefix), prefix) == 0;
+}
+
+void makeDirectories(const std::string& path) {
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos == path.size() || path[pos] == '/') {
+      std::string part = path.substr(0, pos);
+      if (::mkdir(part.c_str(), 0777) != 0 && errno != EEXIST) {
+        fail(SF_ERR_BACKEND, "rendezvous file://" + path + ": cannot create directory '" + part +
+                                 "': " + std::strerror(errno));
+      }
+    }
+  }
+}
+
+int masterPort() {
+  const char* p = std::getenv("MASTER_PORT");
+  if (!p || !*p) return 29500;  // torchrun's default
+  char* end = nullptr;
+  long port = std::strtol(p, &end, 10);
+  if (*end || port <= 0 || port > 65535) {
+    fail(SF_ERR_INVALID_ARGUMENT,
+         std::string("environment variable MASTER_PORT='") + p + "' is not a port in [1, 65535]");
+  }
+  return int(port);
+}
+
+std::string masterAddr() {
+  const char* a = std::getenv("MASTER_ADDR");
+  return (a && *a) ? a : "127.0.0.1";
+}
+
+}  // namespace
+
+std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& o) {
+  const std::string url = o.rendezvous;
+  const std::chrono::milliseconds timeout(o.timeout_ms);
+  std::shared_ptr<gloo::rendezvous::Store> inner;
+  if (startsWith(url, "memory://") && url.size() > 9) {
+    inner = MemoryStore::named(url.substr(9));
+  } else if (startsWith(url, "file://") && url.size() > 7) {
+    const std::string path = url.substr(7);
+    makeDirectories(path);
+    inner = std::make_shared<gloo::rendezvous::FileStore>(path);
+  } else if (url == "env://") {
+    inner = std::make_shared<TcpStore>(masterAddr(), masterPort(), o.rank == 0, timeout);
+  } else if (startsWith(url, "redis://")) {
+    std::string rest = url.substr(8), prefix = "sfsync";
+    size_t slash = rest.find('/');
+    if (slash != std::string::npos) {
+      prefix = rest.substr(slash + 1);
+      rest = rest.substr(0, slash);
+    }
+    size_t colon = rest.rfind(':');
+    const std::string host = rest.substr(0, colon);
+    const int port = colon == std::string::npos ? 6379 : std::atoi(rest.c_str() + colon + 1);
+    if (host.empty() || port <= 0 || port > 65535) {
+      fail(SF_ERR_INVALID_ARGUMENT, "rendezvous = '" + url + "' is not redis://host:port[/prefix]");
+    }
+    auto redis = std::make_shared<gloo::rendezvous::RedisStore>(host, port);
+    return std::make_shared<OwningPrefixStore>(prefix, redis);
+  } else {
+    fail(SF_ERR_INVALID_ARGUMENT,
+         "rendezvous = '" + url +
+             "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name");
+  }
+  return std::make_shared<OwningPrefixStore>("sfsync", inner);
+}
+
+std::string localHostname(const sf_options& o) {
+  if (const char* h = std::getenv("SF_GLOO_HOSTNAME")) {
+    if (*h) return h;
+  }
+  const std::string url = o.rendezvous;
+  if (startsWith(url, "memory://")) return "127.0.0.1";
+  if (url == "env://") {
+    const std::string m = masterAddr();
+    if (m == "localhost" || startsWith(m, "127.") || m == "::1") return "127.0.0.1";
+  }
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) != 0 || !name[0]) return "127.0.0.1";
+  return name;
+}
+
+}  // namespace sfsync

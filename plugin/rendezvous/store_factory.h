@@ -1,0 +1,23 @@
+#pragma once
+// Turns a rendezvous URL (sf_options::rendezvous) into a Gloo store, and
+// decides which local address peers should use to reach this rank.
+
+#include <memory>
+#include <string>
+
+#include <gloo/rendezvous/store.h>
+
+#include "sfsync.h"
+
+namespace sfsync {
+
+// Every key is prefixed with "sfsync/". Throws SF_ERR_INVALID_ARGUMENT for
+// an unknown scheme, SF_ERR_BACKEND / SF_ERR_TIMEOUT when the store is not
+// reachable.
+std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& opts);
+
+// SF_GLOO_HOSTNAME if set; 127.0.0.1 for memory:// and a loopback
+// MASTER_ADDR; else this machine's host name.
+std::string localHostname(const sf_options& opts);
+
+}  // namespace sfsync
