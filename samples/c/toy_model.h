@@ -1,0 +1,53 @@
+/*
+ * A small model with analytic gradients, shared by the C sample and the
+ * tests: multi-output linear regression y = W x + b with a mean-squared-error
+ * loss. W is split into `blocks` row blocks so that the model has several
+ * parameter tensors (blocks + 1 with the bias), which is what bucketing needs.
+ * Everything is deterministic from seeds: any process can regenerate any
+ * rank's micro-batches, which is how the single-process reference is built.
+ */
+#ifndef SFSYNC_TOY_MODEL_H
+#define SFSYNC_TOY_MODEL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct toy_model {
+  int in;     /* input features */
+  int rows;   /* rows of W per block */
+  int blocks; /* row blocks; outputs = rows * blocks */
+  int batch;  /* samples per micro-batch */
+} toy_model;
+
+/* blocks + 1: W blocks 0..blocks-1, then the bias. */
+int toy_param_count(const toy_model* m);
+int64_t toy_param_numel(const toy_model* m, int index);
+
+/* Deterministic initial weights (the same on every rank). */
+void toy_init_params(const toy_model* m, float* const* params);
+
+/* The seed of one rank's micro-batch. */
+uint64_t toy_seed(int window, int micro, int rank);
+
+/* grads += gradient of the loss on the micro-batch drawn from `seed`.
+ * @return the loss before the step. */
+double toy_accumulate_grads(const toy_model* m, float* const* params, uint64_t seed,
+                            float* const* grads);
+
+/* params -= lr * grads. */
+void toy_sgd_step(const toy_model* m, float* const* params, float* const* grads, float lr);
+
+/* The single-process reference: `windows` windows of micro[w] micro-batches
+ * on each of `world` ranks, gradients summed per rank, averaged over ranks,
+ * one SGD step per window. `params` receives the final weights. */
+void toy_reference(const toy_model* m, int world, int windows, const int* micro, float lr,
+                   float* const* params);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SFSYNC_TOY_MODEL_H */

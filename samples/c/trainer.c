@@ -1,0 +1,236 @@
+/*
+ * A small C trainer on sfsync: W windows of N micro-batches of a linear
+ * model with analytic gradients, data-parallel over the ranks that
+ * sfsync-run starts. It prints, per window, the gradient collectives issued
+ * inside the window (must be 0) and at synchronization (must be one per
+ * bucket) with their bytes, and at the end the largest difference between its
+ * weights and a single-process reference that sums the same micro-batches.
+ *
+ *   build/plugin/tools/sfsync-run -n 2 -- build/samples/c/sfsync-c-trainer
+ *
+ * Exit status: 0 ok, 1 weights differ from the reference, 2 wrong collective
+ * counts or bytes, 3 an sfsync call failed, 4 bad command line.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sfsync.h"
+#include "toy_model.h"
+
+#define MAX_WINDOWS 256
+
+typedef struct args {
+  int windows;
+  int micro[MAX_WINDOWS];
+  double cap_mb, first_cap_mb; /* 0: keep the defaults / environment */
+  int host_buffers;            /* register own buffers instead of the flat buffer */
+  int grad_ready;              /* report grad-ready in the last micro-batch */
+  int die_at_window;           /* rank 1 kills itself before that window's sync; -1 never */
+  int quiet;
+  toy_model model;
+} args;
+
+static int usage(const char* msg) {
+  fprintf(stderr,
+          "sfsync-c-trainer: %s\n"
+          "usage: sfsync-c-trainer [--windows W] [--micro N | --schedule N1,N2,...]\n"
+          "         [--blocks B] [--rows R] [--in I] [--batch S] [--cap-mb X] [--first-cap-mb Y]\n"
+          "         [--host-buffers] [--no-grad-ready] [--die-at-window K] [--quiet]\n",
+          msg);
+  return 4;
+}
+
+#define CHECK(call)                                                                       \
+  do {                                                                                    \
+    sf_status st_ = (call);                                                               \
+    if (st_ != SF_OK) {                                                                   \
+      fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, sf_status_string(st_), \
+              sf_last_error());                                                           \
+      return 3;                                                                           \
+    }                                                                                     \
+  } while (0)
+
+static int parse(int argc, char** argv, args* a) {
+  int n = 4;
+  const char* schedule = NULL;
+  a->windows = 6;
+  a->cap_mb = a->first_cap_mb = 0;
+  a->host_buffers = 0;
+  a->grad_ready = 1;
+  a->die_at_window = -1;
+  a->quiet = 0;
+  a->model.in = 32;
+  a->model.rows = 16;
+  a->model.blocks = 6;
+  a->model.batch = 8;
+  for (int i = 1; i < argc; ++i) {
+    const char* k = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+#define INT_ARG(name, field)                                                 \
+  if (!strcmp(k, name)) {                                                    \
+    if (!v || atoi(v) < (int)(field == a->die_at_window ? -1 : 1)) return usage("bad value for " name); \
+    field = atoi(v);                                                         \
+    ++i;                                                                     \
+    continue;                                                                \
+  }
+    INT_ARG("--windows", a->windows)
+    INT_ARG("--micro", n)
+    INT_ARG("--blocks", a->model.blocks)
+    INT_ARG("--rows", a->model.rows)
+    INT_ARG("--in", a->model.in)
+    INT_ARG("--batch", a->model.batch)
+    INT_ARG("--die-at-window", a->die_at_window)
+    if (!strcmp(k, "--schedule") && v) { schedule = v; ++i; continue; }
+    if (!strcmp(k, "--cap-mb") && v) { a->cap_mb = atof(v); ++i; continue; }
+    if (!strcmp(k, "--first-cap-mb") && v) { a->first_cap_mb = atof(v); ++i; continue; }
+    if (!strcmp(k, "--host-buffers")) { a->host_buffers = 1; continue; }
+    if (!strcmp(k, "--no-grad-ready")) { a->grad_ready = 0; continue; }
+    if (!strcmp(k, "--quiet")) { a->quiet = 1; continue; }
+    return usage(k);
+  }
+  if (a->windows > MAX_WINDOWS) return usage("--windows is at most 256");
+  if (schedule) {
+    /* Windows of varying length: the schedule repeats over the windows. */
+    int lens[MAX_WINDOWS], count = 0;
+    for (const char* p = schedule; *p && count < MAX_WINDOWS;) {
+      lens[count] = atoi(p);
+      if (lens[count] < 1) return usage("--schedule needs positive lengths");
+      ++count;
+      p = strchr(p, ',');
+      if (!p) break;
+      ++p;
+    }
+    for (int w = 0; w < a->windows; ++w) a->micro[w] = lens[w % count];
+  } else {
+    for (int w = 0; w < a->windows; ++w) a->micro[w] = n;
+  }
+  return 0;
+}
+
+static sf_stats stats_of(sf_context* ctx) {
+  sf_stats s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  sf_get_stats(ctx, &s);
+  return s;
+}
+
+int main(int argc, char** argv) {
+  args a;
+  int rank = -1;
+  int bad = parse(argc, argv, &a);
+  if (bad) return bad;
+  const toy_model* m = &a.model;
+  const int np = toy_param_count(m);
+
+  sf_options opts;
+  sf_context* ctx = NULL;
+  CHECK(sf_options_init(&opts, sizeof opts)); /* RANK, WORLD_SIZE, MASTER_* from sfsync-run */
+  rank = opts.rank;
+  if (a.cap_mb > 0) opts.bucket_cap_mb = a.cap_mb;
+  if (a.first_cap_mb > 0) opts.first_bucket_cap_mb = a.first_cap_mb;
+  CHECK(sf_create(&opts, &ctx));
+
+  float** params = malloc(sizeof(float*) * (size_t)np);
+  float** grads = malloc(sizeof(float*) * (size_t)np);
+  for (int p = 0; p < np; ++p) {
+    char name[32];
+    int64_t id;
+    snprintf(name, sizeof name, p < m->blocks ? "W%d" : "bias", p);
+    params[p] = malloc(sizeof(float) * (size_t)toy_param_numel(m, p));
+    if (a.host_buffers) {
+      grads[p] = calloc((size_t)toy_param_numel(m, p), sizeof(float));
+      CHECK(sf_register_gradient(ctx, grads[p], toy_param_numel(m, p), SF_DTYPE_FLOAT32,
+                                 SF_DEVICE_HOST, name, &id));
+    } else {
+      CHECK(sf_add_gradient(ctx, toy_param_numel(m, p), SF_DTYPE_FLOAT32, SF_DEVICE_HOST, name, &id));
+    }
+  }
+  CHECK(sf_build_buckets(ctx));
+  if (!a.host_buffers) {
+    for (int p = 0; p < np; ++p) CHECK(sf_gradient_data(ctx, p, (void**)&grads[p]));
+  }
+  toy_init_params(m, params);
+  const sf_stats s0 = stats_of(ctx);
+  if (rank == 0) {
+    printf("sfsync %s: %d ranks, %d gradients (%lld bytes) in %lld buckets, %s\n",
+           sf_version_string(), opts.world_size, np, (long long)s0.gradient_bytes,
+           (long long)s0.bucket_count, a.host_buffers ? "host buffers" : "flat buffer");
+  }
+
+  int counts_ok = 1;
+  const float lr = 0.05f;
+  for (int w = 0; w < a.windows; ++w) {
+    const int n = a.micro[w];
+    CHECK(sf_zero_gradients(ctx));
+    const sf_stats before = stats_of(ctx);
+    double loss = 0;
+    if (n > 1) CHECK(sf_begin_accumulation(ctx));
+    for (int k = 0; k < n - 1; ++k) {
+      loss += toy_accumulate_grads(m, params, toy_seed(w, k, rank), grads);
+      if (a.grad_ready) {
+        for (int p = np - 1; p >= 0; --p) CHECK(sf_grad_ready(ctx, p)); /* only counted */
+      }
+    }
+    if (n > 1) CHECK(sf_end_accumulation(ctx));
+    const sf_stats inside = stats_of(ctx);
+    loss += toy_accumulate_grads(m, params, toy_seed(w, n - 1, rank), grads);
+    if (a.grad_ready) {
+      /* Backward produces the last layers' gradients first: buckets start early. */
+      for (int p = np - 1; p >= 0; --p) CHECK(sf_grad_ready(ctx, p));
+    }
+    if (w == a.die_at_window && rank == 1) {
+      fprintf(stderr, "rank 1: killing itself before the synchronization of window %d\n", w);
+      fflush(stderr);
+      raise(SIGKILL);
+    }
+    CHECK(sf_synchronize(ctx));
+    const sf_stats after = stats_of(ctx);
+    const long long in_window = inside.collectives_issued - before.collectives_issued;
+    const long long at_sync = after.collectives_issued - inside.collectives_issued;
+    const long long bytes = after.bytes_reduced - before.bytes_reduced;
+    if (in_window != 0 || at_sync != after.bucket_count || bytes != after.gradient_bytes) {
+      counts_ok = 0;
+    }
+    if (!a.quiet) {
+      printf("window %d: %d micro-batches, loss %.5f, collectives inside window %lld, at sync %lld "
+             "(%lld early), %lld bytes\n",
+             w, n, loss / n, in_window, at_sync, (long long)(after.early_launches - before.early_launches),
+             bytes);
+    }
+    toy_sgd_step(m, params, grads, lr);
+  }
+
+  float** ref = malloc(sizeof(float*) * (size_t)np);
+  for (int p = 0; p < np; ++p) ref[p] = malloc(sizeof(float) * (size_t)toy_param_numel(m, p));
+  toy_reference(m, opts.world_size, a.windows, a.micro, lr, ref);
+  double max_diff = 0;
+  for (int p = 0; p < np; ++p) {
+    for (int64_t i = 0; i < toy_param_numel(m, p); ++i) {
+      const double d = fabs((double)params[p][i] - (double)ref[p][i]);
+      if (d > max_diff || isnan(d)) max_diff = isnan(d) ? INFINITY : d;
+    }
+  }
+  const sf_stats end = stats_of(ctx);
+  const double tolerance = 1e-5;
+  printf("RESULT rank=%d world=%d windows=%lld buckets=%lld collectives=%lld bytes=%lld "
+         "deferred_passes=%lld early=%lld max_abs_diff=%.3g %s\n",
+         rank, opts.world_size, (long long)end.windows_completed, (long long)end.bucket_count,
+         (long long)end.collectives_issued, (long long)end.bytes_reduced,
+         (long long)end.deferred_passes, (long long)end.early_launches, max_diff,
+         max_diff <= tolerance && counts_ok ? "OK" : "FAILED");
+  sf_destroy(ctx);
+  for (int p = 0; p < np; ++p) {
+    free(params[p]);
+    free(ref[p]);
+    if (a.host_buffers) free(grads[p]);
+  }
+  free(params);
+  free(grads);
+  free(ref);
+  if (!counts_ok) return 2;
+  return max_diff <= tolerance ? 0 : 1;
+}
