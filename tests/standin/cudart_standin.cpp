@@ -1,0 +1,413 @@
+// STAND-IN for the CUDA runtime (libcudart.so.13), for tests on machines
+// without a GPU. It is NOT CUDA: "device" memory is host memory, a stream is
+// a host thread that runs its queue in order, an event is a position in a
+// stream's queue. It implements the subset of the runtime API that sfsync's
+// NCCL module, the NCCL stand-in and the tests use, with the real signatures
+// from cuda_runtime_api.h, so the real sfsync code runs unchanged on top.
+//
+// Not emulated: kernels, the legacy default stream's implicit synchronization
+// with other blocking streams, memory pools, graphs.
+//
+// Test hooks (not CUDA): sfStandinCudaCounter(name), see README.md.
+// Environment: SF_STANDIN_DEVICES (visible devices, default 8),
+// SF_STANDIN_CUDA_ERROR (cudaGetDeviceCount fails with this error code).
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#define SF_STANDIN_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+std::atomic<int64_t> gDeviceSynchronize{0}, gStreamSynchronize{0}, gMalloc{0}, gFree{0},
+    gLaunchHostFunc{0}, gEventRecord{0}, gStreamWaitEvent{0};
+thread_local int tDevice = 0;
+thread_local cudaError_t tLastError = cudaSuccess;
+
+cudaError_t ret(cudaError_t e) {
+  if (e != cudaSuccess) tLastError = e;
+  return e;
+}
+
+int deviceCount() {
+  const char* v = std::getenv("SF_STANDIN_DEVICES");
+  return v && *v ? std::atoi(v) : 8;
+}
+
+// Allocations: start -> (bytes, type, device), for cudaPointerGetAttributes.
+struct Allocation {
+  size_t bytes;
+  cudaMemoryType type;
+  int device;
+};
+std::mutex gAllocMutex;
+std::map<uintptr_t, Allocation>& allocations() {
+  static auto* m = new std::map<uintptr_t, Allocation>;
+  return *m;
+}
+
+}  // namespace
+
+// A stream: one worker thread running its queue in order. `completed` counts
+// finished operations; an event is (stream, ticket) and has happened once
+// completed >= ticket.
+struct CUstream_st {
+  std::mutex m;
+  std::condition_variable cv;  // queue changed or an operation completed
+  std::deque<std::function<void()>> queue;
+  uint64_t enqueued = 0;
+  uint64_t completed = 0;
+  bool stop = false;
+  std::thread worker;
+
+  CUstream_st() {
+    worker = std::thread([this] {
+      std::unique_lock<std::mutex> lock(m);
+      for (;;) {
+        cv.wait(lock, [this] { return stop || !queue.empty(); });
+        if (queue.empty()) return;
+        auto op = std::move(queue.front());
+        queue.pop_front();
+        lock.unlock();
+        op();
+        lock.lock();
+        ++completed;
+        cv.notify_all();
+      }
+    });
+  }
+  ~CUstream_st() {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      stop = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }
+  uint64_t enqueue(std::function<void()> op) {
+    std::lock_guard<std::mutex> lock(m);
+    queue.push_back(std::move(op));
+    cv.notify_all();
+    return ++enqueued;
+  }
+  void waitFor(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return completed >= ticket; });
+  }
+  bool reached(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(m);
+    return completed >= ticket;
+  }
+  void drain() {
+    uint64_t t;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      t = enqueued;
+    }
+    waitFor(t);
+  }
+};
+
+struct CUevent_st {
+  CUstream_st* stream = nullptr;  // nullptr: never recorded (counts as done)
+  uint64_t ticket = 0;
+};
+
+namespace {
+
+CUstream_st* resolve(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+    static CUstream_st* legacy = new CUstream_st;  // leaked: lives until exit
+    return legacy;
+  }
+  return s;
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (!count) return ret(cudaErrorInvalidValue);
+  if (const char* e = std::getenv("SF_STANDIN_CUDA_ERROR")) {
+    if (*e && std::atoi(e) != 0) {
+      *count = 0;
+      return ret(cudaError_t(std::atoi(e)));
+    }
+  }
+  *count = deviceCount();
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= deviceCount()) return ret(cudaErrorInvalidDevice);
+  tDevice = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (!device) return ret(cudaErrorInvalidValue);
+  *device = tDevice;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  ++gDeviceSynchronize;
+  resolve(nullptr)->drain();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = tLastError;
+  tLastError = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return tLastError; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInsufficientDriver:
+      return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    default: return "unknown error (CUDA stand-in)";
+  }
+}
+
+// ---- Streams and events -----------------------------------------------------
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  if (!s) return ret(cudaErrorInvalidValue);
+  *s = new CUstream_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int, int) {
+  return cudaStreamCreate(s);
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least) *least = 0;
+  if (greatest) *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+    return ret(cudaErrorInvalidResourceHandle);
+  }
+  delete s;  // runs what is queued, then joins
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  ++gStreamSynchronize;
+  resolve(s)->drain();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  CUstream_st* st = resolve(s);
+  std::lock_guard<std::mutex> lock(st->m);
+  return st->completed >= st->enqueued ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  if (!e) return ret(cudaErrorInvalidValue);
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (!e) return ret(cudaErrorInvalidResourceHandle);
+  delete e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (!e) return ret(cudaErrorInvalidResourceHandle);
+  ++gEventRecord;
+  CUstream_st* st = resolve(s);
+  e->stream = st;
+  e->ticket = st->enqueue([] {});
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (!e) return ret(cudaErrorInvalidResourceHandle);
+  if (!e->stream) return cudaSuccess;
+  return e->stream->reached(e->ticket) ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e) return ret(cudaErrorInvalidResourceHandle);
+  if (e->stream) e->stream->waitFor(e->ticket);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (!e) return ret(cudaErrorInvalidResourceHandle);
+  ++gStreamWaitEvent;
+  CUstream_st* other = e->stream;  // the state captured now, as CUDA does
+  const uint64_t ticket = e->ticket;
+  if (!other) return cudaSuccess;
+  resolve(s)->enqueue([other, ticket] { other->waitFor(ticket); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* userData) {
+  if (!fn) return ret(cudaErrorInvalidValue);
+  ++gLaunchHostFunc;
+  resolve(s)->enqueue([fn, userData] { fn(userData); });
+  return cudaSuccess;
+}
+
+// ---- Memory -----------------------------------------------------------------
+
+static cudaError_t allocate(void** p, size_t bytes, cudaMemoryType type) {
+  if (!p) return ret(cudaErrorInvalidValue);
+  void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (!m) return ret(cudaErrorMemoryAllocation);
+  std::memset(m, 0xA5, bytes);  // like fresh device memory: not zeroed
+  std::lock_guard<std::mutex> lock(gAllocMutex);
+  allocations()[uintptr_t(m)] = Allocation{bytes, type, tDevice};
+  *p = m;
+  ++gMalloc;
+  return cudaSuccess;
+}
+
+static cudaError_t release(void* p) {
+  if (!p) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(gAllocMutex);
+    if (allocations().erase(uintptr_t(p)) == 0) return ret(cudaErrorInvalidValue);
+  }
+  ++gFree;
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) { return allocate(p, bytes, cudaMemoryTypeDevice); }
+cudaError_t cudaFree(void* p) { return release(p); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  return allocate(p, bytes, cudaMemoryTypeHost);
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  return allocate(p, bytes, cudaMemoryTypeHost);
+}
+cudaError_t cudaFreeHost(void* p) { return release(p); }
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  if (!a) return ret(cudaErrorInvalidValue);
+  std::memset(a, 0, sizeof *a);
+  a->type = cudaMemoryTypeUnregistered;
+  a->device = -2;
+  std::lock_guard<std::mutex> lock(gAllocMutex);
+  auto& m = allocations();
+  auto it = m.upper_bound(uintptr_t(p));
+  if (it != m.begin()) {
+    --it;
+    if (uintptr_t(p) < it->first + it->second.bytes) {
+      a->type = it->second.type;
+      a->device = it->second.device;
+      a->devicePointer = const_cast<void*>(p);
+      a->hostPointer = const_cast<void*>(p);
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+  if ((!dst || !src) && n) return ret(cudaErrorInvalidValue);
+  resolve(s)->enqueue([dst, src, n] { std::memmove(dst, src, n); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, nullptr);
+  if (e == cudaSuccess) resolve(nullptr)->drain();
+  return e;
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t s) {
+  if (!p && n) return ret(cudaErrorInvalidValue);
+  resolve(s)->enqueue([p, value, n] { std::memset(p, value, n); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t n) {
+  cudaError_t e = cudaMemsetAsync(p, value, n, nullptr);
+  if (e == cudaSuccess) resolve(nullptr)->drain();
+  return e;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  if (!v) return ret(cudaErrorInvalidValue);
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* v) {
+  if (!v) return ret(cudaErrorInvalidValue);
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+// ---- Test hooks (not part of CUDA) --------------------------------------------
+
+// How many times a function ran in this process: "cudaDeviceSynchronize",
+// "cudaStreamSynchronize", "cudaMalloc" (all allocations), "cudaFree" (all
+// frees), "cudaLaunchHostFunc", "cudaEventRecord", "cudaStreamWaitEvent";
+// "live_allocations" is the number not yet freed. -1 for an unknown name.
+SF_STANDIN_EXPORT int64_t sfStandinCudaCounter(const char* name) {
+  const std::string n = name ? name : "";
+  if (n == "cudaDeviceSynchronize") return gDeviceSynchronize;
+  if (n == "cudaStreamSynchronize") return gStreamSynchronize;
+  if (n == "cudaMalloc") return gMalloc;
+  if (n == "cudaFree") return gFree;
+  if (n == "cudaLaunchHostFunc") return gLaunchHostFunc;
+  if (n == "cudaEventRecord") return gEventRecord;
+  if (n == "cudaStreamWaitEvent") return gStreamWaitEvent;
+  if (n == "live_allocations") {
+    std::lock_guard<std::mutex> lock(gAllocMutex);
+    return int64_t(allocations().size());
+  }
+  return -1;
+}

@@ -1,0 +1,641 @@
+// STAND-IN for NCCL (libnccl.so.2), for tests on machines without a GPU. It
+// is NOT NCCL: collectives are host functions on the stand-in CUDA streams
+// (cudart_standin.cpp) that meet the other ranks in POSIX shared memory named
+// after the unique id, so ranks may be threads of one process or separate
+// processes. Signatures come from the real nccl.h.
+//
+// Semantics kept from NCCL: stream order (a collective runs when its stream
+// reaches it), in-place or out-of-place buffers, sum/prod/max/min/avg and
+// ncclRedOpCreatePreMulSum (each rank multiplies its own input by its own
+// scalar), non-blocking initialization (config.blocking = 0: init returns
+// ncclInProgress, ncclCommGetAsyncError says when it is done), abort (a
+// collective waiting for peers gives up; the peers get ncclRemoteError).
+// Results are deterministic and identical on every rank (fixed rank order,
+// 16-bit floats accumulated in float).
+//
+// Test hooks (not NCCL), see README.md: sfStandinNcclCounter,
+// sfStandinCommCounters, sfStandinLiveComms, sfStandinInjectAsyncError,
+// sfStandinFailNext.
+
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <nccl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define SF_STANDIN_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+constexpr size_t kChunk = size_t(1) << 20;  // bytes per rank per round
+
+// The segment every rank maps. All-zero is the valid initial state, so
+// ranks may create it in any order.
+struct Shared {
+  std::atomic<int32_t> joined;
+  std::atomic<int32_t> abortedBy;  // rank + 1 of a rank that aborted, 0 if none
+  std::atomic<uint64_t> count;     // barrier arrivals in this generation
+  std::atomic<uint64_t> generation;
+};
+
+size_t segmentBytes(int nranks) { return 4096 + size_t(nranks) * kChunk; }
+
+std::atomic<int64_t> gAllReduceCalls{0}, gAllReduceBytes{0}, gBroadcastCalls{0};
+thread_local std::string tLastError;
+
+// The state a communicator and its queued collectives share: the segment is
+// unmapped when the last of them lets go.
+struct CommState {
+  int nranks = 0, rank = 0, device = 0;
+  std::string name;
+  Shared* shared = nullptr;
+  char* slots = nullptr;
+  std::atomic<bool> aborted{false};
+  std::atomic<int> asyncError{ncclSuccess};
+  std::mutex errorMutex;
+  std::string errorMessage;
+  std::atomic<int64_t> allReduceCalls{0}, allReduceBytes{0};
+  std::thread initThread;
+  std::map<int, std::pair<ncclDataType_t, double>> preMulOps;  // op -> (type, scalar)
+  int nextOp = ncclNumOps;
+
+  ~CommState() {
+    if (initThread.joinable()) initThread.join();
+    if (shared) ::munmap(shared, segmentBytes(nranks));
+  }
+  void setError(ncclResult_t r, const std::string& message) {
+    std::lock_guard<std::mutex> lock(errorMutex);
+    if (asyncError.load() == ncclSuccess || asyncError.load() == ncclInProgress) {
+      errorMessage = message;
+      asyncError = r;
+    }
+  }
+  char* slot(int r) { return slots + size_t(r) * kChunk; }
+
+  // false if this rank or a peer aborted.
+  bool stillGoing() {
+    if (aborted.load()) return false;
+    int by = shared->abortedBy.load();
+    if (by != 0) {
+      setError(ncclRemoteError, "NCCL stand-in: rank " + std::to_string(by - 1) +
+                                    " aborted the communicator");
+      return false;
+    }
+    return true;
+  }
+  template <typename Pred>
+  bool spinUntil(Pred done) {
+    for (int spins = 0; !done(); ++spins) {
+      if (!stillGoing()) return false;
+      if (spins < 200) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    return true;
+  }
+  bool barrier() {
+    const uint64_t g = shared->generation.load();
+    if (shared->count.fetch_add(1) + 1 == uint64_t(nranks)) {
+      shared->count.store(0);
+      shared->generation.fetch_add(1);
+      return true;
+    }
+    return spinUntil([&] { return shared->generation.load() != g; });
+  }
+  bool join() {
+    shared->joined.fetch_add(1);
+    bool ok = spinUntil([&] { return shared->joined.load() >= nranks; });
+    ::shm_unlink(name.c_str());  // every rank has it mapped now (ENOENT is fine)
+    return ok;
+  }
+};
+
+}  // namespace
+
+struct ncclComm {
+  std::shared_ptr<CommState> state;
+};
+
+namespace {
+
+std::mutex gLiveMutex;
+std::set<ncclComm*>& live() {
+  static auto* s = new std::set<ncclComm*>;
+  return *s;
+}
+
+std::mutex gFailMutex;
+std::map<std::string, ncclResult_t>& failNext() {
+  static auto* m = new std::map<std::string, ncclResult_t>;
+  return *m;
+}
+
+ncclResult_t error(ncclResult_t r, const std::string& message) {
+  tLastError = message;
+  return r;
+}
+
+// An injected synchronous failure of `function`, if one is armed.
+bool injected(const char* function, ncclResult_t* r) {
+  std::lock_guard<std::mutex> lock(gFailMutex);
+  auto it = failNext().find(function);
+  if (it == failNext().end()) return false;
+  *r = it->second;
+  failNext().erase(it);
+  tLastError = std::string("NCCL stand-in: injected failure of ") + function;
+  return true;
+}
+
+CommState* stateOf(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  return live().count(comm) ? comm->state.get() : nullptr;
+}
+
+size_t typeSize(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+float halfToFloat(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0) {
+    float v = float(man) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t floatToHalf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
+  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);
+  if (abs < 0x38800000u) {  // subnormal half: round(value * 2^24)
+    float a;
+    std::memcpy(&a, &abs, 4);
+    return uint16_t(sign | uint16_t(std::nearbyint(a * 16777216.0f)));
+  }
+  uint32_t mant = abs & 0x7fffffu, exp = (abs >> 23) - 112;
+  uint32_t h = (exp << 10) | (mant >> 13), rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) ++h;
+  return uint16_t(sign | h);
+}
+
+float bf16ToFloat(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t floatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1);
+  return uint16_t(u >> 16);
+}
+
+double load(const char* p, ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: return double(*reinterpret_cast<const int8_t*>(p));
+    case ncclUint8: return double(*reinterpret_cast<const uint8_t*>(p));
+    case ncclInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case ncclUint32: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+    case ncclFloat32: { float v; std::memcpy(&v, p, 4); return v; }
+    case ncclFloat64: { double v; std::memcpy(&v, p, 8); return v; }
+    case ncclFloat16: { uint16_t v; std::memcpy(&v, p, 2); return halfToFloat(v); }
+    case ncclBfloat16: { uint16_t v; std::memcpy(&v, p, 2); return bf16ToFloat(v); }
+    default: return 0;
+  }
+}
+
+void store(char* p, ncclDataType_t t, double x) {
+  switch (t) {
+    case ncclInt8: *reinterpret_cast<int8_t*>(p) = int8_t(x); break;
+    case ncclUint8: *reinterpret_cast<uint8_t*>(p) = uint8_t(x); break;
+    case ncclInt32: { int32_t v = int32_t(x); std::memcpy(p, &v, 4); break; }
+    case ncclUint32: { uint32_t v = uint32_t(x); std::memcpy(p, &v, 4); break; }
+    case ncclFloat32: { float v = float(x); std::memcpy(p, &v, 4); break; }
+    case ncclFloat64: std::memcpy(p, &x, 8); break;
+    case ncclFloat16: { uint16_t v = floatToHalf(float(x)); std::memcpy(p, &v, 2); break; }
+    case ncclBfloat16: { uint16_t v = floatToBf16(float(x)); std::memcpy(p, &v, 2); break; }
+    default: break;
+  }
+}
+
+// 64-bit integers are reduced exactly, not through double.
+template <typename T>
+T combine64(T a, T b, ncclRedOp_t op) {
+  switch (op) {
+    case ncclProd: return a * b;
+    case ncclMax: return std::max(a, b);
+    case ncclMin: return std::min(a, b);
+    default: return a + b;
+  }
+}
+
+struct Collective {
+  std::shared_ptr<CommState> comm;
+  const char* send;
+  char* recv;
+  size_t count;
+  ncclDataType_t type;
+  ncclRedOp_t op;      // ncclSum for a pre-multiplied sum
+  double prescale;     // this rank's own factor (1 unless pre-multiplied)
+  int root;            // broadcast root, -1 for an all-reduce
+};
+
+void runAllReduce(Collective& c) {
+  CommState& s = *c.comm;
+  const size_t es = typeSize(c.type), perRound = kChunk / es;
+  const bool wide = c.type == ncclInt64 || c.type == ncclUint64;
+  for (size_t first = 0; first < c.count; first += perRound) {
+    const size_t n = std::min(perRound, c.count - first);
+    char* mine = s.slot(s.rank);
+    const char* in = c.send + first * es;
+    if (c.prescale != 1.0 && !wide) {
+      for (size_t i = 0; i < n; ++i) store(mine + i * es, c.type, load(in + i * es, c.type) * c.prescale);
+    } else {
+      std::memcpy(mine, in, n * es);
+    }
+    if (!s.barrier()) return;
+    char* out = c.recv + first * es;
+    for (size_t i = 0; i < n; ++i) {
+      if (wide) {
+        int64_t acc;
+        std::memcpy(&acc, s.slot(0) + i * 8, 8);
+        for (int r = 1; r < s.nranks; ++r) {
+          int64_t v;
+          std::memcpy(&v, s.slot(r) + i * 8, 8);
+          acc = c.type == ncclInt64 ? combine64<int64_t>(acc, v, c.op)
+                                    : int64_t(combine64<uint64_t>(uint64_t(acc), uint64_t(v), c.op));
+        }
+        if (c.op == ncclAvg) acc /= s.nranks;
+        std::memcpy(out + i * 8, &acc, 8);
+        continue;
+      }
+      double acc = load(s.slot(0) + i * es, c.type);
+      for (int r = 1; r < s.nranks; ++r) {
+        const double v = load(s.slot(r) + i * es, c.type);
+        switch (c.op) {
+          case ncclProd: acc *= v; break;
+          case ncclMax: acc = std::max(acc, v); break;
+          case ncclMin: acc = std::min(acc, v); break;
+          default: acc += v; break;
+        }
+        // NCCL keeps 16-bit and 32-bit sums in their own type.
+        if (c.type == ncclFloat32 || c.type == ncclFloat16 || c.type == ncclBfloat16) {
+          acc = double(float(acc));
+        }
+      }
+      if (c.op == ncclAvg) acc /= s.nranks;
+      store(out + i * es, c.type, acc);
+    }
+    if (!s.barrier()) return;
+  }
+}
+
+void runBroadcast(Collective& c) {
+  CommState& s = *c.comm;
+  const size_t es = typeSize(c.type), perRound = kChunk / es;
+  for (size_t first = 0; first < c.count; first += perRound) {
+    const size_t n = std::min(perRound, c.count - first);
+    if (s.rank == c.root) std::memcpy(s.slot(c.root), c.send + first * es, n * es);
+    if (!s.barrier()) return;
+    std::memmove(c.recv + first * es, s.slot(c.root), n * es);
+    if (!s.barrier()) return;
+  }
+}
+
+void CUDART_CB runCollective(void* arg) {
+  std::unique_ptr<Collective> c(static_cast<Collective*>(arg));
+  if (!c->comm->stillGoing()) return;
+  if (c->root < 0) {
+    runAllReduce(*c);
+  } else {
+    runBroadcast(*c);
+  }
+}
+
+ncclResult_t enqueue(const char* function, ncclComm_t comm, const void* send, void* recv,
+                     size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                     cudaStream_t stream) {
+  ncclResult_t r;
+  if (injected(function, &r)) return r;
+  CommState* s = stateOf(comm);
+  if (!s) return error(ncclInvalidArgument, std::string(function) + ": invalid or destroyed communicator");
+  if (s->asyncError.load() == ncclInProgress) {
+    return error(ncclInvalidUsage, std::string(function) + ": communicator initialization not finished");
+  }
+  if (s->aborted.load()) return error(ncclInvalidUsage, std::string(function) + ": communicator was aborted");
+  if (typeSize(type) == 0) return error(ncclInvalidArgument, std::string(function) + ": unsupported datatype");
+  if (count && (!send || !recv)) return error(ncclInvalidArgument, std::string(function) + ": NULL buffer");
+  auto* c = new Collective{comm->state, static_cast<const char*>(send), static_cast<char*>(recv),
+                           count, type, op, 1.0, root};
+  if (root < 0 && op >= ncclNumOps) {
+    auto it = s->preMulOps.find(int(op));
+    if (it == s->preMulOps.end() || it->second.first != type) {
+      delete c;
+      return error(ncclInvalidArgument, std::string(function) + ": unknown reduction operator");
+    }
+    c->op = ncclSum;
+    c->prescale = it->second.second;
+  } else if (root < 0 && (op < ncclSum || op > ncclAvg)) {
+    delete c;
+    return error(ncclInvalidArgument, std::string(function) + ": invalid reduction operator");
+  }
+  if (cudaLaunchHostFunc(stream, runCollective, c) != cudaSuccess) {
+    delete c;
+    return error(ncclUnhandledCudaError, std::string(function) + ": cannot enqueue on the stream");
+  }
+  return ncclSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int* version) {
+  if (!version) return error(ncclInvalidArgument, "ncclGetVersion: NULL");
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+const char* ncclGetLastError(ncclComm_t comm) {
+  if (CommState* s = stateOf(comm)) {
+    std::lock_guard<std::mutex> lock(s->errorMutex);
+    if (!s->errorMessage.empty()) {
+      tLastError = s->errorMessage;
+    }
+  }
+  return tLastError.c_str();
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  ncclResult_t r;
+  if (injected("ncclGetUniqueId", &r)) return r;
+  if (!id) return error(ncclInvalidArgument, "ncclGetUniqueId: NULL");
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  std::memset(id->internal, 0, sizeof id->internal);
+  std::snprintf(id->internal, sizeof id->internal, "/sfsync-standin-%d-%llu-%08x%08x",
+                int(::getpid()), (unsigned long long)counter.fetch_add(1), rd(), rd());
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t* config) {
+  ncclResult_t r;
+  if (injected("ncclCommInitRank", &r)) return r;
+  if (!out || nranks < 1 || rank < 0 || rank >= nranks) {
+    return error(ncclInvalidArgument, "ncclCommInitRank: invalid arguments");
+  }
+  if (std::strncmp(id.internal, "/sfsync-standin-", 16) != 0) {
+    return error(ncclInvalidArgument, "ncclCommInitRank: not a unique id from ncclGetUniqueId");
+  }
+  auto state = std::make_shared<CommState>();
+  state->nranks = nranks;
+  state->rank = rank;
+  state->name.assign(id.internal, strnlen(id.internal, sizeof id.internal));
+  cudaGetDevice(&state->device);
+  const int fd = ::shm_open(state->name.c_str(), O_CREAT | O_RDWR, 0600);
+  if (fd < 0) return error(ncclSystemError, "ncclCommInitRank: shm_open failed");
+  if (::ftruncate(fd, off_t(segmentBytes(nranks))) != 0) {
+    ::close(fd);
+    return error(ncclSystemError, "ncclCommInitRank: ftruncate failed");
+  }
+  void* m = ::mmap(nullptr, segmentBytes(nranks), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return error(ncclSystemError, "ncclCommInitRank: mmap failed");
+  state->shared = static_cast<Shared*>(m);
+  state->slots = static_cast<char*>(m) + 4096;
+
+  auto* comm = new ncclComm{state};
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    live().insert(comm);
+  }
+  *out = comm;
+  const bool blocking = !config || config->blocking != 0;
+  if (blocking) {
+    if (!state->join()) return error(ncclRemoteError, "ncclCommInitRank: aborted while joining");
+    return ncclSuccess;
+  }
+  state->asyncError = ncclInProgress;
+  CommState* raw = state.get();
+  state->initThread = std::thread([raw] {
+    if (raw->join()) {
+      int expected = ncclInProgress;
+      raw->asyncError.compare_exchange_strong(expected, ncclSuccess);
+    }
+  });
+  return ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank) {
+  return ncclCommInitRankConfig(out, nranks, id, rank, nullptr);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* result) {
+  CommState* s = stateOf(comm);
+  if (!s || !result) return error(ncclInvalidArgument, "ncclCommGetAsyncError: invalid arguments");
+  if (s->asyncError.load() == ncclSuccess) s->stillGoing();  // notices a peer's abort
+  *result = ncclResult_t(s->asyncError.load());
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  CommState* s = stateOf(comm);
+  if (!s || !count) return error(ncclInvalidArgument, "ncclCommCount: invalid arguments");
+  *count = s->nranks;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  CommState* s = stateOf(comm);
+  if (!s || !rank) return error(ncclInvalidArgument, "ncclCommUserRank: invalid arguments");
+  *rank = s->rank;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  CommState* s = stateOf(comm);
+  if (!s || !device) return error(ncclInvalidArgument, "ncclCommCuDevice: invalid arguments");
+  *device = s->device;
+  return ncclSuccess;
+}
+
+static ncclResult_t release(ncclComm_t comm, bool abort) {
+  std::shared_ptr<CommState> state;
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    if (!live().erase(comm)) {
+      return error(ncclInvalidArgument, abort ? "ncclCommAbort: invalid or destroyed communicator"
+                                              : "ncclCommDestroy: invalid or destroyed communicator");
+    }
+    state = std::move(comm->state);
+    delete comm;
+  }
+  if (abort) {
+    state->aborted = true;
+    int expected = 0;
+    state->shared->abortedBy.compare_exchange_strong(expected, state->rank + 1);
+    ::shm_unlink(state->name.c_str());
+  }
+  if (state->initThread.joinable()) state->initThread.join();
+  return ncclSuccess;  // queued collectives keep the state alive until they ran
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release(comm, false); }
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return release(comm, true); }
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return stateOf(comm) ? ncclSuccess : error(ncclInvalidArgument, "ncclCommFinalize: invalid communicator");
+}
+
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
+                                      ncclScalarResidence_t residence, ncclComm_t comm) {
+  CommState* s = stateOf(comm);
+  if (!s || !op || !scalar || typeSize(type) == 0) {
+    return error(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: invalid arguments");
+  }
+  if (residence != ncclScalarHostImmediate) {
+    return error(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: the stand-in supports ncclScalarHostImmediate only");
+  }
+  const int id = s->nextOp++;
+  s->preMulOps[id] = {type, load(static_cast<const char*>(scalar), type)};
+  *op = ncclRedOp_t(id);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  CommState* s = stateOf(comm);
+  if (!s || !s->preMulOps.erase(int(op))) {
+    return error(ncclInvalidArgument, "ncclRedOpDestroy: unknown operator");
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  ncclResult_t r = enqueue("ncclAllReduce", comm, send, recv, count, type, op, -1, stream);
+  if (r == ncclSuccess) {
+    const int64_t bytes = int64_t(count * typeSize(type));
+    ++gAllReduceCalls;
+    gAllReduceBytes += bytes;
+    ++comm->state->allReduceCalls;
+    comm->state->allReduceBytes += bytes;
+  }
+  return r;
+}
+
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t stream) {
+  CommState* s = stateOf(comm);
+  if (s && (root < 0 || root >= s->nranks)) return error(ncclInvalidArgument, "ncclBroadcast: invalid root");
+  ncclResult_t r = enqueue("ncclBroadcast", comm, send, recv, count, type, ncclSum, root, stream);
+  if (r == ncclSuccess) ++gBroadcastCalls;
+  return r;
+}
+
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                       cudaStream_t stream) {
+  return ncclBroadcast(buff, buff, count, type, root, comm, stream);
+}
+
+// Collectives are enqueued as they are called, in the same order on every
+// rank, so a group needs no extra work here.
+ncclResult_t ncclGroupStart() { return ncclSuccess; }
+ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+
+}  // extern "C"
+
+// ---- Test hooks (not part of NCCL) ----------------------------------------
+
+// Process-wide counts: "ncclAllReduce" (calls enqueued), "ncclAllReduce_bytes",
+// "ncclBroadcast". -1 for an unknown name.
+SF_STANDIN_EXPORT int64_t sfStandinNcclCounter(const char* name) {
+  const std::string n = name ? name : "";
+  if (n == "ncclAllReduce") return gAllReduceCalls;
+  if (n == "ncclAllReduce_bytes") return gAllReduceBytes;
+  if (n == "ncclBroadcast") return gBroadcastCalls;
+  return -1;
+}
+
+// All-reduce calls and bytes enqueued on one live communicator; -1 if not live.
+SF_STANDIN_EXPORT int sfStandinCommCounters(ncclComm_t comm, int64_t* calls, int64_t* bytes) {
+  CommState* s = stateOf(comm);
+  if (!s) return -1;
+  if (calls) *calls = s->allReduceCalls;
+  if (bytes) *bytes = s->allReduceBytes;
+  return 0;
+}
+
+// Communicators created and neither destroyed nor aborted, in this process.
+SF_STANDIN_EXPORT int sfStandinLiveComms(void) {
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  return int(live().size());
+}
+
+// From now on ncclCommGetAsyncError(comm) reports `r` and ncclGetLastError
+// returns `message`, as after a failure inside a running collective.
+SF_STANDIN_EXPORT int sfStandinInjectAsyncError(ncclComm_t comm, ncclResult_t r, const char* message) {
+  CommState* s = stateOf(comm);
+  if (!s) return -1;
+  s->setError(r, message ? message : "injected");
+  return 0;
+}
+
+// The next call of `function` ("ncclAllReduce", "ncclBroadcast",
+// "ncclGetUniqueId", "ncclCommInitRank") in this process fails with `r`.
+SF_STANDIN_EXPORT void sfStandinFailNext(const char* function, ncclResult_t r) {
+  std::lock_guard<std::mutex> lock(gFailMutex);
+  failNext()[function] = r;
+}
