@@ -100,8 +100,8 @@ void Context::beginAccumulation() {
          "before starting a new window");
   }
   readyInWindow_.store(0, std::memory_order_relaxed);
+  windowsBegun_.fetch_add(1, std::memory_order_release);
   inWindow_.store(true, std::memory_order_release);
-  ++windowsBegun_;
 }
 
 void Context::endAccumulation() {
@@ -142,7 +142,7 @@ void Context::synchronize() {
 sf_stats Context::stats() const {
   sf_stats s{};
   s.struct_size = sizeof s;
-  s.windows_begun = windowsBegun_;
+  s.windows_begun = windowsBegun_.load(std::memory_order_relaxed);
   s.windows_completed = windowsCompleted_;
   s.deferred_passes = deferredPasses_;
   s.deferred_ready_calls = deferredReadyCalls_.load(std::memory_order_relaxed);

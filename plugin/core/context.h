@@ -33,6 +33,9 @@ class Context {
   void beginAccumulation();
   void endAccumulation();
   bool inAccumulation() const { return inWindow_.load(std::memory_order_relaxed); }
+  // Windows begun so far; readable from any thread. Counted before the window
+  // state flips, so a reader that sees inAccumulation() true also sees its count.
+  int64_t windowsBegun() const { return windowsBegun_.load(std::memory_order_acquire); }
   void gradReady(int64_t id);
   void synchronize();
 
@@ -52,7 +55,7 @@ class Context {
   std::atomic<int64_t> readyInWindow_{0};
   std::atomic<int64_t> deferredReadyCalls_{0};
   std::atomic<int64_t> gradientCount_{0};  // readable without the reducer's lock
-  int64_t windowsBegun_ = 0;
+  std::atomic<int64_t> windowsBegun_{0};
   int64_t windowsCompleted_ = 0;
   int64_t deferredPasses_ = 0;
   int64_t syncNs_ = 0;
