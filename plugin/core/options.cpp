@@ -88,6 +88,17 @@ struct EnvReader {
   }
 };
 
+bool knownRendezvous(const char* url) {
+  static const char* const kForms[] = {"env://", "file://", "redis://", "memory://"};
+  for (const char* form : kForms) {
+    const size_t n = std::strlen(form);
+    if (std::strncmp(url, form, n) == 0 && (url[n] != 0 || std::strcmp(form, "env://") == 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 void optionsFromEnvironment(sf_options& o) {
@@ -172,6 +183,9 @@ void validateOptions(const sf_options& o) {
     s << "opts->reserved0 = " << o.reserved0 << " must be 0";
   } else if (::memchr(o.rendezvous, 0, SF_RENDEZVOUS_MAX) == nullptr) {
     s << "opts->rendezvous is not NUL-terminated within " << SF_RENDEZVOUS_MAX << " bytes";
+  } else if (o.rendezvous[0] != 0 && !knownRendezvous(o.rendezvous)) {
+    s << "opts->rendezvous = '" << o.rendezvous
+      << "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name";
   } else if (o.world_size > 1 && o.rendezvous[0] == 0) {
     s << "opts->rendezvous is empty but world_size = " << o.world_size
       << " (set SF_RENDEZVOUS, or MASTER_ADDR/MASTER_PORT for env://)";
