@@ -4,8 +4,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 
+#include "plugin/core/error.h"
 #include "sfsync.h"
 
 namespace sfsync {
@@ -25,7 +28,33 @@ class Work {
   virtual void wait() = 0;
 };
 
-class Backend {
+// The memory a backend's collectives work on, as the reducer needs it for
+// flat buffers, staging copies and zeroing. The defaults are host memory; a
+// device backend (NCCL) overrides all four, ordering copies and zeroing with
+// its collectives and the host's stream.
+class MemoryOps {
+ public:
+  virtual ~MemoryOps() = default;
+  // `bytes` of zeroed memory; throws SF_ERR_OUT_OF_MEMORY.
+  virtual void* allocate(size_t bytes) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) fail(SF_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  virtual void deallocate(void* p) noexcept { std::free(p); }
+  virtual void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+  virtual void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
+
+  // Host memory, for gradients that no backend owns yet.
+  static MemoryOps& host() {
+    static MemoryOps ops;
+    return ops;
+  }
+};
+
+class Backend : public MemoryOps {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;

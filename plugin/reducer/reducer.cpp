@@ -31,7 +31,22 @@ Reducer::Reducer(const sf_options& opts, BackendFor backendFor)
 
 Reducer::~Reducer() {
   quiesce();  // collectives in flight read and write our buffers
-  std::free(flat_);
+  // The backends outlive the reducer (Context declares them first).
+  for (auto& b : buckets_) {
+    if (b.staged) memoryFor(b.plan->device).deallocate(b.storage);
+  }
+  for (auto& kv : flat_) memoryFor(kv.first).deallocate(kv.second);
+}
+
+bool Reducer::bucketNeedsStaging(const PlannedBucket& plan) const {
+  for (int64_t id : plan.grads) {
+    if (!grads_[size_t(id)].owned) return true;
+  }
+  return false;
+}
+
+MemoryOps& Reducer::memoryFor(sf_device device) {
+  return device == SF_DEVICE_HOST ? MemoryOps::host() : backendFor_(device);
 }
 
 bool Reducer::quiesce() noexcept {
@@ -93,11 +108,12 @@ void Reducer::build() {
   plan_ = planBuckets(specs, capBytes(capMb_), capBytes(firstCapMb_));
 
   // Lay plugin-owned gradients out bucket by bucket in packing order, so a
-  // bucket made only of them is one contiguous slice of flat_.
-  size_t flatBytes = 0;
+  // bucket made only of them is one contiguous slice of its device's flat_.
+  std::map<sf_device, size_t> flatBytes;
   std::vector<size_t> bucketOffset(plan_.size());
   for (size_t i = 0; i < plan_.size(); ++i) {
-    bucketOffset[i] = flatBytes;
+    size_t& deviceBytes = flatBytes[plan_[i].device];
+    bucketOffset[i] = deviceBytes;
     int64_t elems = 0;
     for (int64_t id : plan_[i].grads) {
       Gradient& g = grads_[size_t(id)];
@@ -105,43 +121,46 @@ void Reducer::build() {
       g.offset = elems;
       elems += g.numel;
     }
-    flatBytes = alignUp(flatBytes + size_t(plan_[i].bytes));
+    deviceBytes = alignUp(deviceBytes + size_t(plan_[i].bytes));
   }
-  bool anyOwned = false;
-  for (const auto& g : grads_) anyOwned = anyOwned || g.owned;
-  for (const auto& g : grads_) {
-    if (g.owned && g.device != SF_DEVICE_HOST) {
-      fail(SF_ERR_UNSUPPORTED, "gradient '" + g.name +
-                                   "': a plugin-owned buffer on a device other than the host is "
-                                   "not supported by this build");
+  // Device memory comes from the device's backend (created here if needed,
+  // which may fail: no GPU). On any failure nothing stays allocated.
+  try {
+    for (const auto& g : grads_) {
+      if (g.owned && !flat_.count(g.device)) {
+        flat_[g.device] = static_cast<char*>(memoryFor(g.device).allocate(flatBytes[g.device]));
+      }
     }
-  }
-  if (anyOwned) {
-    flat_ = static_cast<char*>(std::aligned_alloc(kAlign, alignUp(flatBytes ? flatBytes : 1)));
-    if (!flat_) fail(SF_ERR_OUT_OF_MEMORY, "cannot allocate the flat gradient buffer");
-    std::memset(flat_, 0, flatBytes);
+    buckets_.resize(plan_.size());
+    for (size_t i = 0; i < plan_.size(); ++i) {
+      buckets_[i].plan = &plan_[i];
+      if (!bucketNeedsStaging(plan_[i])) continue;
+      buckets_[i].storage = static_cast<char*>(memoryFor(plan_[i].device).allocate(size_t(plan_[i].bytes)));
+      buckets_[i].staged = true;
+    }
+  } catch (...) {
+    for (auto& b : buckets_) {
+      if (b.staged) memoryFor(b.plan->device).deallocate(b.storage);
+    }
+    buckets_.clear();
+    for (auto& kv : flat_) memoryFor(kv.first).deallocate(kv.second);
+    flat_.clear();
+    throw;
   }
 
-  buckets_.resize(plan_.size());
   for (size_t i = 0; i < plan_.size(); ++i) {
     Bucket& b = buckets_[i];
-    b.plan = &plan_[i];
     bool allOwned = true;
     for (int64_t id : plan_[i].grads) {
       Gradient& g = grads_[size_t(id)];
       b.numel += g.numel;
       if (g.owned) {
-        g.data = flat_ + bucketOffset[i] + size_t(g.offset) * dtypeSize(g.dtype);
+        g.data = flat_[g.device] + bucketOffset[i] + size_t(g.offset) * dtypeSize(g.dtype);
       } else {
         allOwned = false;
       }
     }
-    if (allOwned) {
-      b.storage = flat_ + bucketOffset[i];
-    } else {
-      b.staging.resize(size_t(plan_[i].bytes));
-      b.storage = b.staging.data();
-    }
+    if (allOwned) b.storage = flat_[plan_[i].device] + bucketOffset[i];
     b.pending = int64_t(plan_[i].grads.size());
   }
   built_ = true;
@@ -157,12 +176,7 @@ void Reducer::zero() {
   if (inFlight()) {
     fail(SF_ERR_INVALID_STATE, "a synchronization is in flight; call sf_synchronize first");
   }
-  for (auto& g : grads_) {
-    if (g.device != SF_DEVICE_HOST) {
-      fail(SF_ERR_UNSUPPORTED, "zeroing device gradient '" + g.name + "' is not supported");
-    }
-    std::memset(g.data, 0, size_t(g.bytes()));
-  }
+  for (auto& g : grads_) memoryFor(g.device).zero(g.data, size_t(g.bytes()));
 }
 
 bool Reducer::inFlight() const {
@@ -215,10 +229,15 @@ void Reducer::startReadyBuckets(bool early) {
 void Reducer::start(Bucket& b, bool early) {
   Backend& backend = backendFor_(b.plan->device);
   if (!verified_) verifyLayout(backend);
-  if (!b.staging.empty()) {
-    for (int64_t id : b.plan->grads) {
-      const Gradient& g = grads_[size_t(id)];
-      std::memcpy(b.storage + size_t(g.offset) * dtypeSize(g.dtype), g.data, size_t(g.bytes()));
+  if (b.staged) {
+    MemoryOps& memory = memoryFor(b.plan->device);
+    try {
+      for (int64_t id : b.plan->grads) {
+        const Gradient& g = grads_[size_t(id)];
+        memory.copy(b.storage + size_t(g.offset) * dtypeSize(g.dtype), g.data, size_t(g.bytes()));
+      }
+    } catch (const Error& e) {
+      failWith(e.status(), e.what());
     }
   }
   ReduceSpec spec;
@@ -312,10 +331,15 @@ void Reducer::synchronize() {
       failWith(e.status(), e.what());
     }
     b.work.reset();
-    if (!b.staging.empty()) {
-      for (int64_t id : b.plan->grads) {
-        Gradient& g = grads_[size_t(id)];
-        std::memcpy(g.data, b.storage + size_t(g.offset) * dtypeSize(g.dtype), size_t(g.bytes()));
+    if (b.staged) {
+      MemoryOps& memory = memoryFor(b.plan->device);
+      try {
+        for (int64_t id : b.plan->grads) {
+          Gradient& g = grads_[size_t(id)];
+          memory.copy(g.data, b.storage + size_t(g.offset) * dtypeSize(g.dtype), size_t(g.bytes()));
+        }
+      } catch (const Error& e) {
+        failWith(e.status(), e.what());
       }
     }
   }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,8 +72,8 @@ class Reducer {
 
   struct Bucket {
     const PlannedBucket* plan;
-    char* storage = nullptr;          // flat_ view (zero copy) or staging_
-    std::vector<char> staging;        // only when some gradient is host-owned
+    char* storage = nullptr;          // flat_ view (zero copy) or staging
+    bool staged = false;              // storage is a staging buffer (some gradient is host-owned)
     int64_t numel = 0;
     int64_t pending = 0;              // gradients not yet ready this pass
     std::unique_ptr<Work> work;       // set while in flight
@@ -85,6 +86,9 @@ class Reducer {
   // Records the first failure (every later synchronize repeats it), drains, throws.
   [[noreturn]] void failWith(sf_status status, const std::string& message);
   void throwIfFailed() const;
+  // Host memory, or the memory of the backend that reduces `device`.
+  MemoryOps& memoryFor(sf_device device);
+  bool bucketNeedsStaging(const PlannedBucket& plan) const;
 
   const sf_options opts_;
   BackendFor backendFor_;
@@ -92,7 +96,7 @@ class Reducer {
   std::vector<Gradient> grads_;
   std::vector<PlannedBucket> plan_;
   std::vector<Bucket> buckets_;
-  char* flat_ = nullptr;  // plugin-owned gradients, bucket by bucket
+  std::map<sf_device, char*> flat_;  // plugin-owned gradients, bucket by bucket, per device
   bool built_ = false;
   bool verified_ = false;
 
