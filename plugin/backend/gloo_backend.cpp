@@ -62,6 +62,11 @@ GlooBackend::~GlooBackend() = default;
 
 void GlooBackend::connect() {
   if (context_) return;
+  // On the worker thread: Gloo's event loop inherits its blocked SIGPIPE.
+  executor_.submit([this] { connectHere(); }).get();
+}
+
+void GlooBackend::connectHere() {
   store_ = openStore(opts_);
   glooCall("connect", [&] {
     gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
@@ -109,21 +114,32 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
 
 void GlooBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
   connect();
-  glooCall("allreduce (layout check)", [&] {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, size_t(n));
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<int64_t>));
-    gloo::allreduce(opts);
-  });
+  auto context = context_;
+  executor_
+      .submit([context, data, n] {
+        glooCall("allreduce (layout check)", [&] {
+          gloo::AllreduceOptions opts(context);
+          opts.setOutput(data, size_t(n));
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+              &gloo::max<int64_t>));
+          gloo::allreduce(opts);
+        });
+      })
+      .get();
 }
 
 void GlooBackend::barrierQuietly() noexcept {
   if (!context_) return;
   try {
-    gloo::BarrierOptions opts(context_);
-    opts.setTimeout(std::chrono::milliseconds(std::min<int64_t>(opts_.timeout_ms, 10000)));
-    gloo::barrier(opts);
+    auto context = context_;
+    const auto timeout = std::chrono::milliseconds(std::min<int64_t>(opts_.timeout_ms, 10000));
+    executor_
+        .submit([context, timeout] {
+          gloo::BarrierOptions opts(context);
+          opts.setTimeout(timeout);
+          gloo::barrier(opts);
+        })
+        .wait_for(timeout + std::chrono::seconds(5));
   } catch (...) {
   }
 }

@@ -1,8 +1,9 @@
 #pragma once
 // The Gloo backend: host-memory buckets reduced with gloo::allreduce over TCP.
-// Collectives run one at a time on a worker thread (OrderedExecutor) so that
-// buckets started by grad-ready overlap the host's backward pass. Every Gloo
-// exception is turned into sfsync::Error here.
+// Everything Gloo does runs on one worker thread (OrderedExecutor): buckets
+// started by grad-ready overlap the host's backward pass, and no socket work
+// happens on a host thread (where a dead peer's SIGPIPE would kill the
+// process). Every Gloo exception is turned into sfsync::Error here.
 
 #include <memory>
 
@@ -31,6 +32,8 @@ class GlooBackend : public Backend {
   void barrierQuietly() noexcept override;
 
  private:
+  void connectHere();  // on the worker thread
+
   sf_options opts_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
   std::shared_ptr<gloo::Context> context_;

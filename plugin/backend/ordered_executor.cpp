@@ -1,5 +1,7 @@
 #include "plugin/backend/ordered_executor.h"
 
+#include <signal.h>
+
 namespace sfsync {
 
 OrderedExecutor::~OrderedExecutor() {
@@ -24,6 +26,14 @@ std::future<void> OrderedExecutor::submit(std::function<void()> task) {
 }
 
 void OrderedExecutor::loop() {
+  // A write to a peer that died raises SIGPIPE in the writing thread, whose
+  // default action kills the whole host. Blocked here (and inherited by any
+  // thread a task creates, such as Gloo's event loop), the write fails with
+  // EPIPE instead and the task reports an error.
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   for (;;) {
     std::packaged_task<void()> task;
     {

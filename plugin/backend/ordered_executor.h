@@ -1,7 +1,9 @@
 #pragma once
 // One worker thread that runs submitted tasks in submission order: how
 // blocking collectives (Gloo) overlap the host's backward pass while staying
-// in the same order on every rank. Not responsible for what the tasks do.
+// in the same order on every rank. Its thread has SIGPIPE blocked, so socket
+// work done there cannot kill the host when a peer dies. Not responsible for
+// what the tasks do.
 
 #include <condition_variable>
 #include <deque>

@@ -43,13 +43,15 @@ static int usage(const char* msg) {
   return 4;
 }
 
+/* On failure: report, and leave through the cleanup at the end of main. */
 #define CHECK(call)                                                                       \
   do {                                                                                    \
     sf_status st_ = (call);                                                               \
     if (st_ != SF_OK) {                                                                   \
       fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call, sf_status_string(st_), \
               sf_last_error());                                                           \
-      return 3;                                                                           \
+      rc = 3;                                                                             \
+      goto done;                                                                          \
     }                                                                                     \
   } while (0)
 
@@ -69,20 +71,20 @@ static int parse(int argc, char** argv, args* a) {
   for (int i = 1; i < argc; ++i) {
     const char* k = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-#define INT_ARG(name, field)                                                 \
-  if (!strcmp(k, name)) {                                                    \
-    if (!v || atoi(v) < (int)(field == a->die_at_window ? -1 : 1)) return usage("bad value for " name); \
-    field = atoi(v);                                                         \
-    ++i;                                                                     \
-    continue;                                                                \
+#define INT_ARG(name, field, min)                                   \
+  if (!strcmp(k, name)) {                                           \
+    if (!v || atoi(v) < (min)) return usage("bad value for " name); \
+    field = atoi(v);                                                \
+    ++i;                                                            \
+    continue;                                                       \
   }
-    INT_ARG("--windows", a->windows)
-    INT_ARG("--micro", n)
-    INT_ARG("--blocks", a->model.blocks)
-    INT_ARG("--rows", a->model.rows)
-    INT_ARG("--in", a->model.in)
-    INT_ARG("--batch", a->model.batch)
-    INT_ARG("--die-at-window", a->die_at_window)
+    INT_ARG("--windows", a->windows, 1)
+    INT_ARG("--micro", n, 1)
+    INT_ARG("--blocks", a->model.blocks, 1)
+    INT_ARG("--rows", a->model.rows, 1)
+    INT_ARG("--in", a->model.in, 1)
+    INT_ARG("--batch", a->model.batch, 1)
+    INT_ARG("--die-at-window", a->die_at_window, 0)
     if (!strcmp(k, "--schedule") && v) { schedule = v; ++i; continue; }
     if (!strcmp(k, "--cap-mb") && v) { a->cap_mb = atof(v); ++i; continue; }
     if (!strcmp(k, "--first-cap-mb") && v) { a->first_cap_mb = atof(v); ++i; continue; }
@@ -120,11 +122,20 @@ static sf_stats stats_of(sf_context* ctx) {
 
 int main(int argc, char** argv) {
   args a;
-  int rank = -1;
+  int rank = -1, rc = 0;
   int bad = parse(argc, argv, &a);
   if (bad) return bad;
   const toy_model* m = &a.model;
   const int np = toy_param_count(m);
+  /* Everything that the cleanup at the end releases, allocated up front. */
+  float** params = calloc((size_t)np, sizeof(float*));
+  float** grads = calloc((size_t)np, sizeof(float*));
+  float** ref = calloc((size_t)np, sizeof(float*));
+  int counts_ok = 1;
+  double max_diff = 0;
+  const double tolerance = 1e-5;
+  const float lr = 0.05f;
+  sf_stats s0, end;
 
   sf_options opts;
   sf_context* ctx = NULL;
@@ -134,8 +145,6 @@ int main(int argc, char** argv) {
   if (a.first_cap_mb > 0) opts.first_bucket_cap_mb = a.first_cap_mb;
   CHECK(sf_create(&opts, &ctx));
 
-  float** params = malloc(sizeof(float*) * (size_t)np);
-  float** grads = malloc(sizeof(float*) * (size_t)np);
   for (int p = 0; p < np; ++p) {
     char name[32];
     int64_t id;
@@ -154,15 +163,13 @@ int main(int argc, char** argv) {
     for (int p = 0; p < np; ++p) CHECK(sf_gradient_data(ctx, p, (void**)&grads[p]));
   }
   toy_init_params(m, params);
-  const sf_stats s0 = stats_of(ctx);
+  s0 = stats_of(ctx);
   if (rank == 0) {
     printf("sfsync %s: %d ranks, %d gradients (%lld bytes) in %lld buckets, %s\n",
            sf_version_string(), opts.world_size, np, (long long)s0.gradient_bytes,
            (long long)s0.bucket_count, a.host_buffers ? "host buffers" : "flat buffer");
   }
 
-  int counts_ok = 1;
-  const float lr = 0.05f;
   for (int w = 0; w < a.windows; ++w) {
     const int n = a.micro[w];
     CHECK(sf_zero_gradients(ctx));
@@ -204,24 +211,24 @@ int main(int argc, char** argv) {
     toy_sgd_step(m, params, grads, lr);
   }
 
-  float** ref = malloc(sizeof(float*) * (size_t)np);
   for (int p = 0; p < np; ++p) ref[p] = malloc(sizeof(float) * (size_t)toy_param_numel(m, p));
   toy_reference(m, opts.world_size, a.windows, a.micro, lr, ref);
-  double max_diff = 0;
   for (int p = 0; p < np; ++p) {
     for (int64_t i = 0; i < toy_param_numel(m, p); ++i) {
       const double d = fabs((double)params[p][i] - (double)ref[p][i]);
       if (d > max_diff || isnan(d)) max_diff = isnan(d) ? INFINITY : d;
     }
   }
-  const sf_stats end = stats_of(ctx);
-  const double tolerance = 1e-5;
+  end = stats_of(ctx);
   printf("RESULT rank=%d world=%d windows=%lld buckets=%lld collectives=%lld bytes=%lld "
          "deferred_passes=%lld early=%lld max_abs_diff=%.3g %s\n",
          rank, opts.world_size, (long long)end.windows_completed, (long long)end.bucket_count,
          (long long)end.collectives_issued, (long long)end.bytes_reduced,
          (long long)end.deferred_passes, (long long)end.early_launches, max_diff,
          max_diff <= tolerance && counts_ok ? "OK" : "FAILED");
+  if (!counts_ok) rc = 2;
+  else if (max_diff > tolerance) rc = 1;
+done:
   sf_destroy(ctx);
   for (int p = 0; p < np; ++p) {
     free(params[p]);
@@ -231,6 +238,5 @@ int main(int argc, char** argv) {
   free(params);
   free(grads);
   free(ref);
-  if (!counts_ok) return 2;
-  return max_diff <= tolerance ? 0 : 1;
+  return rc;
 }
