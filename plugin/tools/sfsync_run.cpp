@@ -79,12 +79,21 @@ int main(int argc, char** argv) {
       ("master-port", "MASTER_PORT (default: a free port)", cxxopts::value<int>())
       ("grace", "seconds between SIGTERM and SIGKILL for the other ranks after a failure", cxxopts::value<double>()->default_value("5"))
       ("no-prefix", "do not prefix output lines with the rank")
-      ("command", "the command", cxxopts::value<std::vector<std::string>>())
       ("h,help", "print this help");
-  options.parse_positional({"command"});
+  // The command after "--" is taken verbatim (cxxopts would split its
+  // arguments at commas); only what comes before it is parsed.
+  std::vector<std::string> command;
+  int ownArgs = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      ownArgs = i;
+      command.assign(argv + i + 1, argv + argc);
+      break;
+    }
+  }
   cxxopts::ParseResult args;
   try {
-    args = options.parse(argc, argv);
+    args = options.parse(ownArgs, argv);
   } catch (const std::exception& e) {
     std::cerr << "sfsync-run: " << e.what() << "\n" << options.help() << std::endl;
     return 2;
@@ -93,7 +102,8 @@ int main(int argc, char** argv) {
     std::cout << options.help() << std::endl;
     return 0;
   }
-  if (!args.count("n") || !args.count("command")) {
+  if (command.empty()) command = args.unmatched();  // "sfsync-run -n 2 cmd" without "--"
+  if (!args.count("n") || command.empty()) {
     std::cerr << "sfsync-run: -n N and a command are required\n" << options.help() << std::endl;
     return 2;
   }
@@ -102,7 +112,6 @@ int main(int argc, char** argv) {
     std::cerr << "sfsync-run: -n " << n << " is not in [1, 1024]" << std::endl;
     return 2;
   }
-  const std::vector<std::string> command = args["command"].as<std::vector<std::string>>();
   const std::string addr = args["master-addr"].as<std::string>();
   const int port = args.count("master-port") ? args["master-port"].as<int>() : freePort();
   const double grace = args["grace"].as<double>();
