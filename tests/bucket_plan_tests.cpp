@@ -91,4 +91,20 @@ BOOST_AUTO_TEST_CASE(every_gradient_in_exactly_one_bucket) {
   BOOST_TEST(plan.front().bytes <= 300);
 }
 
+BOOST_AUTO_TEST_CASE(mixed_dtypes_are_ordered_by_when_a_backward_completes_them) {
+  // Registration: w1, b1 (float32), w2, b2 (float64). Backward readiness:
+  // b2, w2, b1, w1. The float64 bucket [b2 w2] completes first and must not
+  // wait behind the float32 first bucket [b1].
+  // The float32 first bucket [b1] closes (at w1) after [b2 w2] is complete.
+  std::vector<GradSpec> g = {{384, SF_DTYPE_FLOAT32, SF_DEVICE_HOST},
+                             {24, SF_DTYPE_FLOAT32, SF_DEVICE_HOST},
+                             {10, SF_DTYPE_FLOAT64, SF_DEVICE_HOST},
+                             {4, SF_DTYPE_FLOAT64, SF_DEVICE_HOST}};
+  auto plan = planBuckets(g, 1 << 20, 200);
+  BOOST_REQUIRE_EQUAL(plan.size(), 3u);
+  BOOST_TEST(ids(plan[0]) == (std::vector<int64_t>{3, 2}), boost::test_tools::per_element());
+  BOOST_TEST(ids(plan[1]) == (std::vector<int64_t>{1}), boost::test_tools::per_element());
+  BOOST_TEST(ids(plan[2]) == (std::vector<int64_t>{0}), boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -13,14 +13,16 @@ std::vector<PlannedBucket> planBuckets(const std::vector<GradSpec>& grads, int64
   struct Open {
     PlannedBucket bucket;
     bool closedOne = false;  // has this group closed its first bucket yet
-    int64_t order = 0;       // position of the bucket's first gradient in the walk
+    int64_t lastPosition = 0;  // walk position of the bucket's last gradient
   };
   std::map<std::pair<sf_dtype, sf_device>, Open> open;
-  std::vector<std::pair<int64_t, PlannedBucket>> closed;  // (close position, bucket)
+  // (position of the last gradient, bucket): a bucket is complete when its
+  // last gradient is ready, so that is the order in which they can start.
+  std::vector<std::pair<int64_t, PlannedBucket>> closed;
   int64_t position = 0;
 
   auto close = [&](Open& o) {
-    closed.emplace_back(position, std::move(o.bucket));
+    closed.emplace_back(o.lastPosition, std::move(o.bucket));
     o.bucket = PlannedBucket{};
     o.closedOne = true;
   };
@@ -37,19 +39,13 @@ std::vector<PlannedBucket> planBuckets(const std::vector<GradSpec>& grads, int64
     }
     o.bucket.grads.push_back(id);
     o.bucket.bytes += bytes;
+    o.lastPosition = position;
     const int64_t capNow = o.closedOne ? capBytes : firstCapBytes;
     if (o.bucket.bytes >= capNow) close(o);
   }
-  // Leftover open buckets close at the end of the walk, in order of their
-  // first gradient so the result does not depend on map ordering.
-  std::vector<Open*> rest;
   for (auto& kv : open) {
-    if (!kv.second.bucket.grads.empty()) rest.push_back(&kv.second);
+    if (!kv.second.bucket.grads.empty()) close(kv.second);
   }
-  std::sort(rest.begin(), rest.end(), [](const Open* a, const Open* b) {
-    return a->bucket.grads.front() > b->bucket.grads.front();
-  });
-  for (Open* o : rest) close(*o);
 
   std::stable_sort(closed.begin(), closed.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -10,8 +10,9 @@
 //  - a group's first bucket holds at most first_cap bytes, later ones
 //    bucket_cap bytes; a gradient is never split, so one larger than the cap
 //    gets a bucket of its own;
-//  - buckets are ordered by when they close, so bucket 0 is the one whose
-//    gradients are ready first.
+//  - buckets are ordered by the position of their last gradient in the walk:
+//    the order in which a backward pass completes them, so launching in
+//    bucket order never makes a complete bucket wait for an incomplete one.
 
 #include <cstdint>
 #include <vector>
