@@ -1,0 +1,45 @@
+/* Prints the C layout of sf_options and sf_stats and the header's constants
+ * as JSON, for test_binding.py to compare with the ctypes mirrors. */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "sfsync.h"
+
+#define FIELD(T, f) printf("%s\"%s\": [%zu, %zu]", first ? "" : ", ", #f, offsetof(T, f), \
+                           sizeof(((T*)0)->f)), first = 0
+
+int main(void) {
+  int first = 1;
+  printf("{\"sf_options\": {\"size\": %zu, \"fields\": {", sizeof(sf_options));
+  FIELD(sf_options, struct_size);
+  FIELD(sf_options, rank);
+  FIELD(sf_options, world_size);
+  FIELD(sf_options, local_rank);
+  FIELD(sf_options, backend);
+  FIELD(sf_options, reduce_op);
+  FIELD(sf_options, reserved0);
+  FIELD(sf_options, prescale);
+  FIELD(sf_options, bucket_cap_mb);
+  FIELD(sf_options, first_bucket_cap_mb);
+  FIELD(sf_options, timeout_ms);
+  FIELD(sf_options, rendezvous);
+  first = 1;
+  printf("}}, \"sf_stats\": {\"size\": %zu, \"fields\": {", sizeof(sf_stats));
+  FIELD(sf_stats, struct_size);
+  FIELD(sf_stats, windows_begun);
+  FIELD(sf_stats, windows_completed);
+  FIELD(sf_stats, deferred_passes);
+  FIELD(sf_stats, deferred_ready_calls);
+  FIELD(sf_stats, collectives_issued);
+  FIELD(sf_stats, early_launches);
+  FIELD(sf_stats, bytes_reduced);
+  FIELD(sf_stats, bucket_count);
+  FIELD(sf_stats, largest_bucket_bytes);
+  FIELD(sf_stats, smallest_bucket_bytes);
+  FIELD(sf_stats, gradient_count);
+  FIELD(sf_stats, gradient_bytes);
+  FIELD(sf_stats, sync_ns_total);
+  printf("}}, \"SF_ABI_VERSION\": %d, \"SF_VERSION_NUMBER\": %d}\n", SF_ABI_VERSION,
+         SF_VERSION_NUMBER);
+  return 0;
+}

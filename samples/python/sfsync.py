@@ -1,0 +1,744 @@
+"""ctypes binding of libsfsync: the whole C ABI of include/sfsync.h.
+
+Two layers:
+
+* ``lib()`` returns the loaded library with every ``sf_*`` function typed
+  (argtypes/restype).  Functions returning an ``sf_status`` raise an
+  ``SfError`` subclass instead of returning a non-zero status, with
+  ``sf_status_string`` and the thread's ``sf_last_error()`` in the message, so
+  even the raw functions cannot fail silently.
+* ``Context`` (and ``options()``, ``version()``, ...) is the Pythonic layer
+  used by the samples: gradients as numpy views, the accumulation window as a
+  context manager, stats as a dict.
+
+The library is found through ``SFSYNC_LIBRARY`` (a full path), else the
+newest ``build*/plugin/libsfsync.so.1`` of this source tree, else the system
+loader (``libsfsync.so.1``).  On load, ``sf_abi_version()`` must equal
+``ABI_VERSION``, the version this module was written against.
+
+Only the standard library is needed; numpy is imported by the functions that
+return arrays.
+"""
+
+import contextlib
+import ctypes
+import glob
+import os
+import threading
+import weakref
+
+__all__ = [
+    "ABI_VERSION", "Options", "Stats", "Context", "SfError", "InvalidArgumentError",
+    "InvalidStateError", "MismatchError", "BackendError", "SfTimeoutError", "UnsupportedError",
+    "SfMemoryError", "InternalError", "LibraryLoadError", "lib", "load", "library_path",
+    "options", "version", "version_number", "abi_version", "status_string", "last_error",
+    "backend_available", "backend_unavailable_reason",
+]
+
+#: The SF_ABI_VERSION this module mirrors (include/sfsync.h).
+ABI_VERSION = 1
+
+# ---- Constants (include/sfsync.h; never renumbered) ------------------------
+
+OK = 0
+ERR_INVALID_ARGUMENT = 1
+ERR_INVALID_STATE = 2
+ERR_MISMATCH = 3
+ERR_BACKEND = 4
+ERR_TIMEOUT = 5
+ERR_UNSUPPORTED = 6
+ERR_OUT_OF_MEMORY = 7
+ERR_INTERNAL = 8
+
+DTYPE_FLOAT32 = 0
+DTYPE_FLOAT64 = 1
+DTYPE_FLOAT16 = 2
+DTYPE_BFLOAT16 = 3
+
+DEVICE_HOST = 0
+DEVICE_CUDA = 1
+
+REDUCE_AVERAGE = 0
+REDUCE_SUM = 1
+REDUCE_PRESCALED_SUM = 2
+
+BACKEND_AUTO = 0
+BACKEND_GLOO = 1
+BACKEND_NCCL = 2
+
+RENDEZVOUS_MAX = 256
+
+STATUS_NAMES = {
+    OK: "SF_OK",
+    ERR_INVALID_ARGUMENT: "SF_ERR_INVALID_ARGUMENT",
+    ERR_INVALID_STATE: "SF_ERR_INVALID_STATE",
+    ERR_MISMATCH: "SF_ERR_MISMATCH",
+    ERR_BACKEND: "SF_ERR_BACKEND",
+    ERR_TIMEOUT: "SF_ERR_TIMEOUT",
+    ERR_UNSUPPORTED: "SF_ERR_UNSUPPORTED",
+    ERR_OUT_OF_MEMORY: "SF_ERR_OUT_OF_MEMORY",
+    ERR_INTERNAL: "SF_ERR_INTERNAL",
+}
+
+#: Bytes per element of each sf_dtype.
+DTYPE_SIZES = {DTYPE_FLOAT32: 4, DTYPE_FLOAT64: 8, DTYPE_FLOAT16: 2, DTYPE_BFLOAT16: 2}
+DTYPE_NAMES = {DTYPE_FLOAT32: "float32", DTYPE_FLOAT64: "float64", DTYPE_FLOAT16: "float16",
+               DTYPE_BFLOAT16: "bfloat16"}
+# numpy has no bfloat16: its gradients are exposed as uint16 bit patterns.
+_NUMPY_DTYPES = {DTYPE_FLOAT32: "float32", DTYPE_FLOAT64: "float64", DTYPE_FLOAT16: "float16",
+                 DTYPE_BFLOAT16: "uint16"}
+_CTYPES_ELEMENTS = {DTYPE_FLOAT32: ctypes.c_float, DTYPE_FLOAT64: ctypes.c_double,
+                    DTYPE_FLOAT16: ctypes.c_uint16, DTYPE_BFLOAT16: ctypes.c_uint16}
+
+_BACKEND_NAMES = {"auto": BACKEND_AUTO, "gloo": BACKEND_GLOO, "nccl": BACKEND_NCCL}
+_REDUCE_NAMES = {"average": REDUCE_AVERAGE, "sum": REDUCE_SUM,
+                 "prescaled_sum": REDUCE_PRESCALED_SUM}
+
+# ---- Errors ----------------------------------------------------------------
+
+
+class SfError(Exception):
+    """A non-zero sf_status.
+
+    Attributes: ``status`` (the int), ``status_name`` ("SF_ERR_..."),
+    ``status_string`` (sf_status_string: what to do next), ``message``
+    (sf_last_error(): "function: the argument and value at fault") and
+    ``function`` (the sf_* function that failed, when known).
+    """
+
+    status = None  # set by the subclasses; an instance always has its own
+
+    def __init__(self, status, message, status_string=None, function=None):
+        self.status = int(status)
+        self.status_name = STATUS_NAMES.get(self.status, "status %d" % self.status)
+        self.message = message
+        self.status_string = status_string if status_string is not None else "unknown status"
+        self.function = function
+        super().__init__(str(self))
+
+    def __str__(self):
+        return "%s [%s: %s]" % (self.message, self.status_name, self.status_string)
+
+
+class InvalidArgumentError(SfError, ValueError):
+    """SF_ERR_INVALID_ARGUMENT: a NULL, out-of-range or malformed argument."""
+
+
+class InvalidStateError(SfError):
+    """SF_ERR_INVALID_STATE: a call at the wrong time (window misuse, late registration)."""
+
+
+class MismatchError(SfError):
+    """SF_ERR_MISMATCH: ranks disagree on the gradient layout."""
+
+
+class BackendError(SfError, ConnectionError):
+    """SF_ERR_BACKEND: the transport failed (peer lost, connection refused)."""
+
+
+class SfTimeoutError(SfError, TimeoutError):
+    """SF_ERR_TIMEOUT: a collective or the rendezvous outlived timeout_ms."""
+
+
+class UnsupportedError(SfError, NotImplementedError):
+    """SF_ERR_UNSUPPORTED: not available in this build or on this machine."""
+
+
+class SfMemoryError(SfError, MemoryError):
+    """SF_ERR_OUT_OF_MEMORY: an allocation failed."""
+
+
+class InternalError(SfError):
+    """SF_ERR_INTERNAL: a bug in sfsync."""
+
+
+_ERROR_CLASSES = {
+    ERR_INVALID_ARGUMENT: InvalidArgumentError,
+    ERR_INVALID_STATE: InvalidStateError,
+    ERR_MISMATCH: MismatchError,
+    ERR_BACKEND: BackendError,
+    ERR_TIMEOUT: SfTimeoutError,
+    ERR_UNSUPPORTED: UnsupportedError,
+    ERR_OUT_OF_MEMORY: SfMemoryError,
+    ERR_INTERNAL: InternalError,
+}
+
+
+class LibraryLoadError(ImportError):
+    """libsfsync could not be found or loaded, or its ABI version differs."""
+
+
+# ---- Structs (exact mirrors: same field order and C types) ------------------
+
+
+class Options(ctypes.Structure):
+    """sf_options. Fill with ``options()`` (sf_options_init), never by hand."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint64),
+        ("rank", ctypes.c_int32),
+        ("world_size", ctypes.c_int32),
+        ("local_rank", ctypes.c_int32),
+        ("backend", ctypes.c_int32),
+        ("reduce_op", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+        ("prescale", ctypes.c_double),
+        ("bucket_cap_mb", ctypes.c_double),
+        ("first_bucket_cap_mb", ctypes.c_double),
+        ("timeout_ms", ctypes.c_int64),
+        ("rendezvous", ctypes.c_char * RENDEZVOUS_MAX),
+    ]
+
+    def to_dict(self):
+        """Every field but struct_size and reserved0; rendezvous as str."""
+        out = {}
+        for name, _ in self._fields_:
+            if name in ("struct_size", "reserved0"):
+                continue
+            value = getattr(self, name)
+            out[name] = value.decode() if isinstance(value, bytes) else value
+        return out
+
+
+class Stats(ctypes.Structure):
+    """sf_stats: counters since the context was created."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint64),
+        ("windows_begun", ctypes.c_int64),
+        ("windows_completed", ctypes.c_int64),
+        ("deferred_passes", ctypes.c_int64),
+        ("deferred_ready_calls", ctypes.c_int64),
+        ("collectives_issued", ctypes.c_int64),
+        ("early_launches", ctypes.c_int64),
+        ("bytes_reduced", ctypes.c_int64),
+        ("bucket_count", ctypes.c_int64),
+        ("largest_bucket_bytes", ctypes.c_int64),
+        ("smallest_bucket_bytes", ctypes.c_int64),
+        ("gradient_count", ctypes.c_int64),
+        ("gradient_bytes", ctypes.c_int64),
+        ("sync_ns_total", ctypes.c_int64),
+    ]
+
+    def to_dict(self):
+        """Every counter (all fields but struct_size) as a dict of ints."""
+        return {name: int(getattr(self, name)) for name, _ in self._fields_
+                if name != "struct_size"}
+
+
+#: The keys of Context.stats().
+STATS_KEYS = tuple(name for name, _ in Stats._fields_ if name != "struct_size")
+
+
+class _ContextStruct(ctypes.Structure):
+    """The opaque struct sf_context: only ever handled through a pointer."""
+
+
+_ContextPtr = ctypes.POINTER(_ContextStruct)
+
+# ---- Loading ---------------------------------------------------------------
+
+_STATUS = "sf_status"  # an int32_t that the binding turns into an exception when != 0
+_c = ctypes
+# name -> (restype, argtypes). Every function of include/sfsync.h.
+_PROTOTYPES = {
+    "sf_abi_version": (_c.c_int32, []),
+    "sf_version_number": (_c.c_int32, []),
+    "sf_version_string": (_c.c_char_p, []),
+    "sf_status_string": (_c.c_char_p, [_STATUS]),
+    "sf_last_error": (_c.c_char_p, []),
+    "sf_options_init": (_STATUS, [_c.POINTER(Options), _c.c_uint64]),
+    "sf_create": (_STATUS, [_c.POINTER(Options), _c.POINTER(_ContextPtr)]),
+    "sf_destroy": (None, [_ContextPtr]),
+    "sf_default_context": (_STATUS, [_c.POINTER(_ContextPtr)]),
+    "sf_get_options": (_STATUS, [_ContextPtr, _c.POINTER(Options)]),
+    "sf_set_bucket_cap_mb": (_STATUS, [_ContextPtr, _c.c_double]),
+    "sf_set_first_bucket_cap_mb": (_STATUS, [_ContextPtr, _c.c_double]),
+    "sf_register_gradient": (_STATUS, [_ContextPtr, _c.c_void_p, _c.c_int64, _c.c_int32,
+                                       _c.c_int32, _c.c_char_p, _c.POINTER(_c.c_int64)]),
+    "sf_add_gradient": (_STATUS, [_ContextPtr, _c.c_int64, _c.c_int32, _c.c_int32, _c.c_char_p,
+                                  _c.POINTER(_c.c_int64)]),
+    "sf_build_buckets": (_STATUS, [_ContextPtr]),
+    "sf_gradient_data": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_void_p)]),
+    "sf_zero_gradients": (_STATUS, [_ContextPtr]),
+    "sf_begin_accumulation": (_STATUS, [_ContextPtr]),
+    "sf_end_accumulation": (_STATUS, [_ContextPtr]),
+    "sf_in_accumulation": (_c.c_int32, [_ContextPtr]),
+    "sf_grad_ready": (_STATUS, [_ContextPtr, _c.c_int64]),
+    "sf_synchronize": (_STATUS, [_ContextPtr]),
+    "sf_get_stats": (_STATUS, [_ContextPtr, _c.POINTER(Stats)]),
+    "sf_bucket_info": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_int64),
+                                 _c.POINTER(_c.c_int64), _c.POINTER(_c.c_int32)]),
+    "sf_backend_available": (_STATUS, [_c.c_int32]),
+    "sf_set_cuda_stream": (_STATUS, [_ContextPtr, _c.c_void_p]),
+    "sf_adopt_nccl_comm": (_STATUS, [_ContextPtr, _c.c_void_p]),
+}
+#: The names of the bound functions (the ABI: tests compare with the header).
+FUNCTIONS = tuple(sorted(_PROTOTYPES))
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _error_for(dll, status, function=None):
+    """The exception for a failed call, built from the thread's last error
+    (read at once: it is only valid until the next sfsync call)."""
+    message = dll.sf_last_error().decode("utf-8", "replace")
+    if not message:
+        message = "%s failed" % (function or "sfsync")
+    text = dll.sf_status_string(status).decode("utf-8", "replace")
+    cls = _ERROR_CLASSES.get(int(status), SfError)
+    return cls(status, message, text, function)
+
+
+def _error(status, message):
+    """An exception raised by this module itself, in the library's terms."""
+    text = _lib.sf_status_string(status).decode() if _lib is not None else None
+    return _ERROR_CLASSES.get(status, SfError)(status, message, text)
+
+
+def _make_check(dll):
+    def check(result, func, args):
+        """ctypes errcheck for sf_status functions: raise instead of returning != 0."""
+        if result != OK:
+            raise _error_for(dll, result, func.__name__)
+        return result
+    return check
+
+
+def _candidates():
+    """Where to look for the library, in order (see the module docstring)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.normpath(os.path.join(here, "..", ".."))
+    found = []
+    for pattern in ("build*/plugin/libsfsync.so.1", "build*/plugin/libsfsync.so"):
+        found.extend(glob.glob(os.path.join(root, pattern)))
+    # Newest first: the build just made is the one meant.
+    seen, ordered = set(), []
+    for path in sorted(found, key=lambda p: os.path.getmtime(p), reverse=True):
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            ordered.append(path)
+    return ordered + ["libsfsync.so.1"]
+
+
+def _bind(dll):
+    check = _make_check(dll)
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        try:
+            fn = getattr(dll, name)
+        except AttributeError:
+            raise LibraryLoadError("%s does not export %s: it is older than this binding (ABI %d)"
+                                   % (dll._name, name, ABI_VERSION)) from None
+        fn.argtypes = [ctypes.c_int32 if t is _STATUS else t for t in argtypes]
+        if restype is _STATUS:
+            fn.restype = ctypes.c_int32
+            fn.errcheck = check
+        else:
+            fn.restype = restype
+
+
+def check_abi(dll, where):
+    """Raise LibraryLoadError unless dll.sf_abi_version() == ABI_VERSION."""
+    found = int(dll.sf_abi_version())
+    if found != ABI_VERSION:
+        raise LibraryLoadError("%s has ABI version %d, but this binding was written for ABI "
+                               "version %d: use the sfsync.py that comes with that library"
+                               % (where, found, ABI_VERSION))
+
+
+def load(path=None):
+    """Load (once) and return the library; later calls return the same one.
+
+    ``path``: a full path, else ``SFSYNC_LIBRARY``, else the search described
+    in the module docstring.  Raises LibraryLoadError if nothing loads or if
+    ``sf_abi_version()`` differs from ABI_VERSION.
+    """
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None:
+            if path is not None and os.path.realpath(path) != os.path.realpath(_lib_path):
+                raise LibraryLoadError("libsfsync is already loaded from %s, not %s"
+                                       % (_lib_path, path))
+            return _lib
+        explicit = path or os.environ.get("SFSYNC_LIBRARY") or None
+        tried = []
+        dll = None
+        for candidate in ([explicit] if explicit else _candidates()):
+            try:
+                dll = ctypes.CDLL(candidate)
+                break
+            except OSError as e:
+                tried.append("%s (%s)" % (candidate, e))
+        if dll is None:
+            how = "SFSYNC_LIBRARY / path" if explicit else "search"
+            raise LibraryLoadError("cannot load libsfsync (%s); tried: %s. Build it (cmake --build "
+                                   "build --target sfsync) or set SFSYNC_LIBRARY to its full path"
+                                   % (how, "; ".join(tried)))
+        try:
+            dll.sf_abi_version.restype = ctypes.c_int32
+            dll.sf_abi_version.argtypes = []
+        except AttributeError:
+            raise LibraryLoadError("%s is not libsfsync (no sf_abi_version)" % candidate) from None
+        check_abi(dll, candidate)  # before binding: another ABI may lack functions
+        _bind(dll)
+        _lib, _lib_path = dll, candidate
+        return _lib
+
+
+def lib():
+    """The loaded library (loading it on first use), every sf_* function typed."""
+    return _lib if _lib is not None else load()
+
+
+def library_path():
+    """The path (or soname) the library was loaded from."""
+    lib()
+    return _lib_path
+
+
+# ---- Module-level functions -------------------------------------------------
+
+
+def abi_version():
+    return int(lib().sf_abi_version())
+
+
+def version_number():
+    return int(lib().sf_version_number())
+
+
+def version():
+    """The loaded library's "MAJOR.MINOR.PATCH"."""
+    return lib().sf_version_string().decode()
+
+
+def status_string(status):
+    return lib().sf_status_string(status).decode()
+
+
+def last_error():
+    """sf_last_error(): the message of this thread's last failed sfsync call
+    ("" if none failed yet)."""
+    return lib().sf_last_error().decode("utf-8", "replace")
+
+
+def backend_available(backend):
+    """sf_backend_available: True if ``backend`` (BACKEND_* or "auto", "gloo",
+    "nccl") can be used in this process. False for SF_ERR_UNSUPPORTED, with
+    the reason in ``backend_unavailable_reason(backend)``; other errors raise."""
+    return backend_unavailable_reason(backend) is None
+
+
+def backend_unavailable_reason(backend):
+    """None if ``backend`` is available, else sf_last_error()'s reason."""
+    if isinstance(backend, str):
+        backend = _BACKEND_NAMES[backend]
+    try:
+        lib().sf_backend_available(backend)
+    except UnsupportedError as e:
+        return e.message
+    return None
+
+
+def _set_fields(opts, overrides):
+    for key, value in overrides.items():
+        if key in ("struct_size",) or key not in dict(Options._fields_):
+            raise TypeError("options: unknown field %r (fields: %s)" % (
+                key, ", ".join(n for n, _ in Options._fields_[1:])))
+        if key == "rendezvous":
+            raw = value.encode() if isinstance(value, str) else bytes(value)
+            if len(raw) >= RENDEZVOUS_MAX:
+                raise _error(ERR_INVALID_ARGUMENT, "options: rendezvous is %d bytes, at most %d "
+                             "fit" % (len(raw), RENDEZVOUS_MAX - 1))
+            value = raw
+        elif key == "backend" and isinstance(value, str):
+            value = _BACKEND_NAMES[value]
+        elif key == "reduce_op" and isinstance(value, str):
+            value = _REDUCE_NAMES[value]
+        setattr(opts, key, value)
+    return opts
+
+
+def options(**overrides):
+    """An Options filled by sf_options_init (defaults + SF_* / torchrun
+    environment), then ``overrides`` (field=value; backend and reduce_op also
+    take their names, e.g. backend="gloo", reduce_op="sum")."""
+    opts = Options()
+    lib().sf_options_init(ctypes.byref(opts), ctypes.sizeof(opts))
+    return _set_fields(opts, overrides)
+
+
+# ---- Context ----------------------------------------------------------------
+
+
+class _Gradient:
+    __slots__ = ("numel", "dtype", "device", "name", "owner")
+
+    def __init__(self, numel, dtype, device, name, owner):
+        self.numel, self.dtype, self.device, self.name, self.owner = (numel, dtype, device, name,
+                                                                      owner)
+
+
+def _destroy(handle):
+    if _lib is not None and handle:
+        _lib.sf_destroy(handle)
+
+
+class Context:
+    """An sf_context: one data-parallel group with its gradients and window.
+
+    ``Context(opts=None, **overrides)`` creates one (sf_create) from ``opts``
+    (an Options) or from ``options(**overrides)``.  ``Context.default()``
+    wraps the process-wide default context (owned by the library: close()
+    leaves it alone).
+
+    A context created here is destroyed by close(), by ``with``, or when it is
+    garbage collected.  Arrays from gradient_array() keep it alive; after an
+    explicit close() they must not be used (their memory is freed).
+    """
+
+    def __init__(self, opts=None, **overrides):
+        lib()
+        if opts is None:
+            opts = options(**overrides)
+        elif overrides:
+            copy = Options()
+            ctypes.memmove(ctypes.byref(copy), ctypes.byref(opts), ctypes.sizeof(Options))
+            opts = _set_fields(copy, overrides)
+        handle = _ContextPtr()
+        _lib.sf_create(ctypes.byref(opts), ctypes.byref(handle))
+        self._init(handle, owned=True)
+
+    def _init(self, handle, owned):
+        self._handle = handle
+        self._owned = owned
+        self._grads = []
+        self._finalizer = weakref.finalize(self, _destroy, handle) if owned else None
+
+    @classmethod
+    def default(cls):
+        """The process-wide default context (sf_default_context)."""
+        lib()
+        handle = _ContextPtr()
+        _lib.sf_default_context(ctypes.byref(handle))
+        self = cls.__new__(cls)
+        self._init(handle, owned=False)
+        return self
+
+    # -- lifetime
+
+    @property
+    def handle(self):
+        """The raw sf_context* (for calling lib() functions directly)."""
+        if self._handle is None:
+            raise _error(ERR_INVALID_STATE, "sfsync.Context: the context is closed")
+        return self._handle
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def close(self):
+        """sf_destroy (waits for collectives in flight). Idempotent."""
+        if self._handle is None:
+            return
+        if self._finalizer is not None:
+            self._finalizer()  # calls sf_destroy once
+        self._handle = None
+        self._grads = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        if self._handle is None:
+            return "<sfsync.Context closed>"
+        o = self.options()
+        return "<sfsync.Context rank %d/%d, %d gradients%s>" % (
+            o["rank"], o["world_size"], len(self._grads), "" if self._owned else ", default")
+
+    # -- options and buckets
+
+    def options(self):
+        """The effective options (sf_get_options) as a dict."""
+        out = Options()
+        out.struct_size = ctypes.sizeof(out)
+        _lib.sf_get_options(self.handle, ctypes.byref(out))
+        return out.to_dict()
+
+    def set_bucket_cap_mb(self, mb):
+        _lib.sf_set_bucket_cap_mb(self.handle, mb)
+
+    def set_first_bucket_cap_mb(self, mb):
+        _lib.sf_set_first_bucket_cap_mb(self.handle, mb)
+
+    # -- gradients
+
+    def register_gradient(self, buffer, numel=None, dtype=None, device=DEVICE_HOST, name=None):
+        """sf_register_gradient: a buffer the host owns. ``buffer`` is a
+        C-contiguous, writable numpy array (numel and dtype from it; the
+        context keeps a reference) or a raw address (int) with ``numel`` and
+        ``dtype`` given. Returns the gradient id."""
+        owner = None
+        if isinstance(buffer, int) or buffer is None:
+            address = buffer
+            if numel is None or dtype is None:
+                raise TypeError("register_gradient: a raw address needs numel and dtype")
+        else:
+            arr = buffer
+            if not (arr.flags["C_CONTIGUOUS"] and arr.flags["WRITEABLE"]):
+                raise _error(ERR_INVALID_ARGUMENT, "register_gradient: the array must be "
+                             "C-contiguous and writable")
+            found = _dtype_from_numpy(arr.dtype)
+            if dtype is not None and dtype != found:
+                raise TypeError("register_gradient: dtype %r does not match the array's %s"
+                                % (dtype, arr.dtype))
+            dtype = found
+            if numel is not None and numel != arr.size:
+                raise TypeError("register_gradient: numel %d does not match the array's size %d"
+                                % (numel, arr.size))
+            numel = arr.size
+            address = arr.ctypes.data
+            owner = arr
+        out = ctypes.c_int64(-1)
+        _lib.sf_register_gradient(self.handle, address, numel, dtype, device,
+                                  _name_bytes(name), ctypes.byref(out))
+        self._remember(out.value, _Gradient(numel, dtype, device, name, owner))
+        return out.value
+
+    def add_gradient(self, numel, dtype=DTYPE_FLOAT32, device=DEVICE_HOST, name=None):
+        """sf_add_gradient: a gradient stored in the plugin's flat buffer.
+        Returns its id; get the memory with gradient_array() once all are added."""
+        out = ctypes.c_int64(-1)
+        _lib.sf_add_gradient(self.handle, numel, dtype, device, _name_bytes(name),
+                             ctypes.byref(out))
+        self._remember(out.value, _Gradient(numel, dtype, device, name, None))
+        return out.value
+
+    def _remember(self, gid, grad):
+        if gid != len(self._grads):  # the ABI promises ids 0, 1, ... in order
+            raise _error(ERR_INTERNAL, "sfsync returned gradient id %d, expected %d"
+                         % (gid, len(self._grads)))
+        self._grads.append(grad)
+
+    @property
+    def gradient_count(self):
+        return len(self._grads)
+
+    def build_buckets(self):
+        _lib.sf_build_buckets(self.handle)
+
+    def gradient_data(self, gid):
+        """sf_gradient_data: the address (int) of gradient ``gid``."""
+        out = ctypes.c_void_p()
+        _lib.sf_gradient_data(self.handle, gid, ctypes.byref(out))
+        return out.value
+
+    def gradient_array(self, gid):
+        """A numpy array over gradient ``gid``'s memory: no copy. For
+        plugin-owned gradients that is the flat buffer itself. bfloat16 is
+        returned as uint16 (numpy has no bfloat16). The array keeps this
+        Context alive."""
+        import numpy as np
+        address = self.gradient_data(gid)  # validates gid, builds buckets
+        g = self._grads[gid]
+        if g.device != DEVICE_HOST:
+            raise _error(ERR_UNSUPPORTED, "gradient_array: gradient %d is not in host memory"
+                         % gid)
+        raw = (_CTYPES_ELEMENTS[g.dtype] * g.numel).from_address(address)
+        raw._sf_context = self  # the memory lives as long as the context
+        return np.frombuffer(raw, dtype=_NUMPY_DTYPES[g.dtype])
+
+    def zero_gradients(self):
+        _lib.sf_zero_gradients(self.handle)
+
+    # -- the window
+
+    def begin_accumulation(self):
+        _lib.sf_begin_accumulation(self.handle)
+
+    def end_accumulation(self):
+        _lib.sf_end_accumulation(self.handle)
+
+    def in_accumulation(self):
+        """True inside a window (sf_in_accumulation)."""
+        return _lib.sf_in_accumulation(self.handle) == 1
+
+    @contextlib.contextmanager
+    def accumulate(self):
+        """``with ctx.accumulate():`` brackets the micro-batches whose
+        gradients are only summed locally (begin/end accumulation). The window
+        is left even if the body raises, so the context stays usable."""
+        self.begin_accumulation()
+        try:
+            yield self
+        finally:
+            self.end_accumulation()
+
+    def grad_ready(self, gid):
+        _lib.sf_grad_ready(self.handle, gid)
+
+    def synchronize(self):
+        _lib.sf_synchronize(self.handle)
+
+    # -- CUDA / NCCL
+
+    def set_cuda_stream(self, stream):
+        """sf_set_cuda_stream: the host's cudaStream_t (an int address, or an
+        object with ``.cuda_stream`` such as torch.cuda.Stream; None or 0 is
+        the legacy default stream) on which it produces and reads this
+        context's CUDA gradients."""
+        address = getattr(stream, "cuda_stream", stream)
+        _lib.sf_set_cuda_stream(self.handle, address or None)
+
+    def adopt_nccl_comm(self, comm):
+        """sf_adopt_nccl_comm: use the host's ncclComm_t (an int address) for
+        this context's CUDA gradients; the host keeps ownership and must keep
+        it alive until this context is closed."""
+        _lib.sf_adopt_nccl_comm(self.handle, comm)
+
+    # -- stats
+
+    def stats(self):
+        """sf_get_stats as a dict (keys: STATS_KEYS)."""
+        out = Stats()
+        out.struct_size = ctypes.sizeof(out)
+        _lib.sf_get_stats(self.handle, ctypes.byref(out))
+        return out.to_dict()
+
+    def bucket_info(self, index):
+        """sf_bucket_info: {"bytes", "gradient_count", "dtype"} of bucket ``index``."""
+        nbytes, count, dtype = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int32()
+        _lib.sf_bucket_info(self.handle, index, ctypes.byref(nbytes), ctypes.byref(count),
+                            ctypes.byref(dtype))
+        return {"bytes": nbytes.value, "gradient_count": count.value, "dtype": dtype.value}
+
+    def buckets(self):
+        """bucket_info of every bucket, in synchronization order (builds the
+        buckets if needed: no gradient can be added afterwards)."""
+        self.build_buckets()
+        return [self.bucket_info(i) for i in range(self.stats()["bucket_count"])]
+
+
+def _name_bytes(name):
+    return None if name is None else str(name).encode()
+
+
+def _dtype_from_numpy(dt):
+    by_name = {"float32": DTYPE_FLOAT32, "float64": DTYPE_FLOAT64, "float16": DTYPE_FLOAT16}
+    try:
+        return by_name[str(dt)]
+    except KeyError:
+        raise TypeError("sfsync has no dtype for numpy %s (float32, float64, float16; bfloat16 "
+                        "through a raw address)" % dt) from None
+
+
+if __name__ == "__main__":
+    print("libsfsync %s (ABI %d) from %s" % (version(), abi_version(), library_path()))
