@@ -1,0 +1,249 @@
+// sfsync-bench: what a window's synchronization costs against one raw Gloo
+// all-reduce of the same bytes, in the same process and run, and what the
+// window calls cost inside a window. A benchmark, not a test: it prints a
+// table and JSON, and asserts nothing about speed.
+//
+//   sfsync-bench --ranks 2 --sizes-mb 1,16,64 --grads 1,64,1024 --caps-mb 25,4
+//
+// Ranks are threads of this process over loopback TCP (memory:// store), so
+// the plugin and the baseline see the same machine at the same moment;
+// iterations alternate baseline / plugin and the median of each is reported.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cxxopts.hpp>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "plugin/rendezvous/memory_store.h"
+#include "sfsync.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Config {
+  double sizeMb;
+  int grads;
+  double capMb;
+};
+
+struct Row {
+  Config c{};
+  int64_t buckets = 0;
+  double rawMs = 0, pluginMs = 0;
+  std::string error;
+};
+
+// One rank's part of one configuration.
+Row runRank(int rank, int world, const Config& c, int iters, sf_reduce_op op,
+            const std::string& tag) {
+  Row row;
+  row.c = c;
+  const int64_t totalFloats = int64_t(c.sizeMb * 1048576 / 4);
+  const int64_t per = std::max<int64_t>(1, totalFloats / c.grads);
+
+  // The baseline: a plain Gloo context and one allreduce of all the bytes.
+  auto store = sfsync::MemoryStore::named(tag + "-raw");
+  gloo::rendezvous::PrefixStore prefixed("raw", *store);
+  auto dev = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr("127.0.0.1"));
+  auto raw = std::make_shared<gloo::rendezvous::Context>(rank, world);
+  raw->connectFullMesh(prefixed, dev);
+  std::vector<float> rawBuf(size_t(per * c.grads), 1.0f);
+
+  // The plugin: the same bytes as `grads` gradients in its flat buffer.
+  sf_options o;
+  sf_options_init(&o, sizeof o);
+  o.rank = rank;
+  o.world_size = world;
+  o.reduce_op = op;
+  o.bucket_cap_mb = c.capMb;
+  o.first_bucket_cap_mb = std::min(1.0, c.capMb);
+  std::snprintf(o.rendezvous, sizeof o.rendezvous, "memory://%s-plugin", tag.c_str());
+  sf_context* ctx = nullptr;
+  if (sf_create(&o, &ctx) != SF_OK) {
+    row.error = sf_last_error();
+    return row;
+  }
+  for (int g = 0; g < c.grads; ++g) {
+    int64_t id;
+    sf_add_gradient(ctx, per, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
+  }
+  auto window = [&] {
+    sf_begin_accumulation(ctx);
+    for (int g = c.grads - 1; g >= 0; --g) sf_grad_ready(ctx, g);  // a pass, only counted
+    sf_end_accumulation(ctx);
+    const auto t0 = Clock::now();
+    const sf_status st = sf_synchronize(ctx);
+    const double ms = msSince(t0);
+    if (st != SF_OK && row.error.empty()) row.error = sf_last_error();
+    return ms;
+  };
+  auto rawOnce = [&] {
+    const auto t0 = Clock::now();
+    gloo::AllreduceOptions opts(raw);
+    opts.setOutput(rawBuf.data(), rawBuf.size());
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    gloo::allreduce(opts);
+    return msSince(t0);
+  };
+  window();  // connects, checks the layout, warms up
+  rawOnce();
+  std::vector<double> rawMs, pluginMs;
+  for (int i = 0; i < iters; ++i) {
+    rawMs.push_back(rawOnce());
+    pluginMs.push_back(window());
+  }
+  sf_stats s{};
+  s.struct_size = sizeof s;
+  sf_get_stats(ctx, &s);
+  row.buckets = s.bucket_count;
+  row.rawMs = median(rawMs);
+  row.pluginMs = median(pluginMs);
+  sf_destroy(ctx);
+  gloo::BarrierOptions b(raw);
+  gloo::barrier(b);
+  return row;
+}
+
+// Nanoseconds per call of the window calls on a world-size-1 context.
+struct CallCosts {
+  double beginEndNs, gradReadyNs;
+};
+
+CallCosts windowCallCosts(int64_t calls) {
+  sf_options o;
+  sf_options_init(&o, sizeof o);
+  o.rank = 0;
+  o.world_size = 1;
+  o.rendezvous[0] = 0;
+  sf_context* ctx = nullptr;
+  sf_create(&o, &ctx);
+  int64_t id;
+  sf_add_gradient(ctx, 16, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
+  sf_build_buckets(ctx);
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < calls; ++i) {
+    sf_begin_accumulation(ctx);
+    sf_end_accumulation(ctx);
+  }
+  const double pair = msSince(t0) * 1e6 / double(calls);
+  sf_begin_accumulation(ctx);
+  t0 = Clock::now();
+  for (int64_t i = 0; i < calls; ++i) sf_grad_ready(ctx, 0);
+  const double ready = msSince(t0) * 1e6 / double(calls);
+  sf_end_accumulation(ctx);
+  sf_destroy(ctx);
+  return {pair / 2, ready};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cxxopts::Options options("sfsync-bench",
+                           "Window synchronization through sfsync vs one raw Gloo allreduce of the "
+                           "same bytes (ranks as threads, loopback TCP)");
+  options.add_options()
+      ("ranks", "ranks (threads)", cxxopts::value<int>()->default_value("2"))
+      ("sizes-mb", "gradient MiB per window", cxxopts::value<std::vector<double>>()->default_value("1,16,64"))
+      ("grads", "gradient counts", cxxopts::value<std::vector<int>>()->default_value("1,64,1024"))
+      ("caps-mb", "bucket caps in MiB", cxxopts::value<std::vector<double>>()->default_value("25,4"))
+      ("iters", "timed iterations per configuration", cxxopts::value<int>()->default_value("9"))
+      ("reduce", "average or sum", cxxopts::value<std::string>()->default_value("sum"))
+      ("calls", "calls for the window-call cost", cxxopts::value<int64_t>()->default_value("2000000"))
+      ("json", "also write JSON lines here", cxxopts::value<std::string>())
+      ("h,help", "print this help");
+  cxxopts::ParseResult args;
+  try {
+    args = options.parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "sfsync-bench: " << e.what() << "\n" << options.help() << std::endl;
+    return 2;
+  }
+  if (args.count("help")) {
+    std::cout << options.help() << std::endl;
+    return 0;
+  }
+  const int ranks = args["ranks"].as<int>();
+  const int iters = args["iters"].as<int>();
+  const std::string reduce = args["reduce"].as<std::string>();
+  if (ranks < 2 || iters < 1 || (reduce != "sum" && reduce != "average")) {
+    std::cerr << "sfsync-bench: need --ranks >= 2, --iters >= 1, --reduce sum|average" << std::endl;
+    return 2;
+  }
+  const sf_reduce_op op = reduce == "sum" ? SF_REDUCE_SUM : SF_REDUCE_AVERAGE;
+  std::ofstream json;
+  if (args.count("json")) json.open(args["json"].as<std::string>());
+
+  const CallCosts costs = windowCallCosts(args["calls"].as<int64_t>());
+  std::cout << "window calls (world size 1, no communication): begin/end " << std::fixed
+            << std::setprecision(1) << costs.beginEndNs << " ns each, grad_ready inside a window "
+            << costs.gradReadyNs << " ns\n\n";
+  if (json.is_open()) {
+    json << "{\"kind\":\"window_calls\",\"begin_end_ns\":" << costs.beginEndNs
+         << ",\"grad_ready_in_window_ns\":" << costs.gradReadyNs << "}\n";
+  }
+
+  std::cout << "reduce=" << reduce << ", " << ranks << " ranks, median of " << iters
+            << " iterations\n"
+            << std::setw(8) << "MiB" << std::setw(7) << "grads" << std::setw(9) << "cap_MiB"
+            << std::setw(9) << "buckets" << std::setw(11) << "raw_ms" << std::setw(11)
+            << "sfsync_ms" << std::setw(8) << "ratio" << "\n";
+  int configIndex = 0;
+  for (double size : args["sizes-mb"].as<std::vector<double>>()) {
+    for (int grads : args["grads"].as<std::vector<int>>()) {
+      for (double cap : args["caps-mb"].as<std::vector<double>>()) {
+        const Config c{size, grads, cap};
+        const std::string tag = "bench-" + std::to_string(::getpid()) + "-" + std::to_string(configIndex++);
+        std::vector<Row> rows(static_cast<size_t>(ranks));
+        std::vector<std::thread> threads;
+        for (int r = 0; r < ranks; ++r) {
+          threads.emplace_back([&, r] { rows[size_t(r)] = runRank(r, ranks, c, iters, op, tag); });
+        }
+        for (auto& t : threads) t.join();
+        const Row& row = rows[0];
+        if (!row.error.empty()) {
+          std::cerr << "sfsync-bench: " << row.error << std::endl;
+          return 1;
+        }
+        const double ratio = row.pluginMs / row.rawMs;
+        std::cout << std::setw(8) << std::setprecision(1) << size << std::setw(7) << grads
+                  << std::setw(9) << cap << std::setw(9) << row.buckets << std::setw(11)
+                  << std::setprecision(3) << row.rawMs << std::setw(11) << row.pluginMs
+                  << std::setw(8) << std::setprecision(2) << ratio << std::endl;
+        if (json.is_open()) {
+          json << "{\"kind\":\"window_sync\",\"reduce\":\"" << reduce << "\",\"ranks\":" << ranks
+               << ",\"mib\":" << size << ",\"grads\":" << grads << ",\"cap_mib\":" << cap
+               << ",\"buckets\":" << row.buckets << ",\"raw_ms\":" << row.rawMs
+               << ",\"sfsync_ms\":" << row.pluginMs << ",\"ratio\":" << ratio << "}\n";
+        }
+      }
+    }
+  }
+  return 0;
+}
