@@ -12,8 +12,8 @@ Two layers:
   context manager, stats as a dict.
 
 The library is found through ``SFSYNC_LIBRARY`` (a full path), else the
-newest ``build*/plugin/libsfsync.so.1`` of this source tree, else the system
-loader (``libsfsync.so.1``).  On load, ``sf_abi_version()`` must equal
+newest ``build*/plugin/libsfsync.so.1`` of this source tree (sanitizer builds
+skipped), else the system loader (``libsfsync.so.1``).  On load, ``sf_abi_version()`` must equal
 ``ABI_VERSION``, the version this module was written against.
 
 Only the standard library is needed; numpy is imported by the functions that
@@ -307,13 +307,27 @@ def _make_check(dll):
     return check
 
 
+def _sanitized(build_dir):
+    """True for a build made with SF_SANITIZE: its library aborts the process
+    when loaded into an uninstrumented Python, so the search skips it."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("SF_SANITIZE:"):
+                    return line.split("=", 1)[1].strip() != ""
+    except OSError:
+        pass
+    return False
+
+
 def _candidates():
     """Where to look for the library, in order (see the module docstring)."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.normpath(os.path.join(here, "..", ".."))
     found = []
     for pattern in ("build*/plugin/libsfsync.so.1", "build*/plugin/libsfsync.so"):
-        found.extend(glob.glob(os.path.join(root, pattern)))
+        found.extend(p for p in glob.glob(os.path.join(root, pattern))
+                     if not _sanitized(os.path.dirname(os.path.dirname(p))))
     # Newest first: the build just made is the one meant.
     seen, ordered = set(), []
     for path in sorted(found, key=lambda p: os.path.getmtime(p), reverse=True):

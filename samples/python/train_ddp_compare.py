@@ -24,6 +24,7 @@ and moved away from the initial weights. Exits 1 on any failure.
 """
 
 import argparse
+import statistics
 import sys
 import time
 
@@ -133,6 +134,7 @@ def main(argv=None):
                  ", ".join(str(b["bytes"]) for b in buckets)), flush=True)
 
     totals = {"sf_bytes": 0, "sf_ms": 0.0, "ddp_bytes": 0, "ddp_ms": 0.0}
+    steady = {"sf": [], "ddp": []}  # window times after the first (connection setup)
     for w in range(args.windows):
         n = args.schedule[w % len(args.schedule)]
         local = micro_batches(args, rank, w, n)
@@ -212,6 +214,9 @@ def main(argv=None):
         totals["sf_ms"] += sf_ms
         totals["ddp_bytes"] += ddp_bytes
         totals["ddp_ms"] += ddp_ms
+        if w > 0:
+            steady["sf"].append(sf_ms)
+            steady["ddp"].append(ddp_ms)
         if rank == 0:
             print("window %d (%d micro-batches): sfsync %d collectives %8d B %7.2f ms "
                   "(sync %.2f ms, 0 inside: %s) | DDP %d all-reduces %8d B %7.2f ms"
@@ -257,6 +262,9 @@ def main(argv=None):
               "max |sfsync - reference| = %.3g, across ranks %.3g (tolerance %.3g)"
               % (totals["sf_bytes"], totals["sf_ms"], totals["ddp_bytes"], totals["ddp_ms"],
                  worst[0].item(), worst[1].item(), worst[2].item(), args.tolerance))
+        if steady["sf"]:
+            print("median window after the first (which connects): sfsync %.2f ms, DDP %.2f ms"
+                  % (statistics.median(steady["sf"]), statistics.median(steady["ddp"])))
         print("ALL RANKS OK" if ok else "FAILED: %d check(s) failed across ranks" % failed.item(),
               flush=True)
 
