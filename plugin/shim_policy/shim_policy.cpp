@@ -1,0 +1,384 @@
+#include "plugin/shim_policy/shim_policy.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "plugin/core/context.h"
+#include "plugin/core/dtype.h"
+
+namespace sfsync {
+
+namespace {
+
+const char* kPrefix = "sfsync shim: ";
+
+// A whole decimal integer in [min, max], or false.
+bool parseInt(const char* text, int64_t min, int64_t max, int64_t* out) {
+  if (!text || !*text) return false;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || v < min || v > max) return false;
+  *out = v;
+  return true;
+}
+
+void encodeScalar(double factor, sf_dtype dtype, unsigned char* out) {
+  std::memset(out, 0, 8);
+  switch (dtype) {
+    case SF_DTYPE_FLOAT32: {
+      const float f = float(factor);
+      std::memcpy(out, &f, 4);
+      break;
+    }
+    case SF_DTYPE_FLOAT64: std::memcpy(out, &factor, 8); break;
+    case SF_DTYPE_FLOAT16: {
+      const uint16_t h = floatToHalf(float(factor));
+      std::memcpy(out, &h, 2);
+      break;
+    }
+    case SF_DTYPE_BFLOAT16: {
+      const uint16_t b = floatToBf16(float(factor));
+      std::memcpy(out, &b, 2);
+      break;
+    }
+    default: break;
+  }
+}
+
+std::string jsonString(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+const char* modeName(ShimPolicy::Mode m) {
+  switch (m) {
+    case ShimPolicy::Mode::kExplicit: return "explicit";
+    case ShimPolicy::Mode::kAutomatic: return "automatic";
+    default: return "off";
+  }
+}
+
+const char* stateName(PassTracker::State s) {
+  switch (s) {
+    case PassTracker::State::kLearning: return "learning";
+    case PassTracker::State::kTracking: return "tracking";
+    default: return "lost";
+  }
+}
+
+}  // namespace
+
+ShimConfig shimConfigFromEnvironment() {
+  ShimConfig c;
+  if (const char* v = std::getenv("SF_SHIM_MIN_BYTES")) {
+    if (!parseInt(v, 0, INT64_MAX, &c.minBytes)) {
+      c.minBytes = kDefaultShimMinBytes;
+      c.problems.push_back(std::string("SF_SHIM_MIN_BYTES=") + v +
+                           " is not a byte count; using " + std::to_string(c.minBytes));
+    }
+  }
+  if (const char* v = std::getenv("SF_ACCUMULATION_STEPS")) {
+    if (*v && !parseInt(v, 1, INT32_MAX, &c.accumulationSteps)) {
+      c.accumulationSteps = 0;
+      c.stepsInvalid = true;
+      c.problems.push_back(std::string("SF_ACCUMULATION_STEPS=") + v +
+                           " is not a positive integer: passing every call through");
+    }
+  }
+  if (const char* v = std::getenv("SF_STRICT")) {
+    const std::string s = v;
+    if (s == "1" || s == "true" || s == "yes") {
+      c.strict = true;
+    } else if (!(s.empty() || s == "0" || s == "false" || s == "no")) {
+      c.problems.push_back("SF_STRICT=" + s + " is not 0 or 1; using 0");
+    }
+  }
+  if (const char* v = std::getenv("SF_SHIM_REPORT")) c.reportPath = v;
+  return c;
+}
+
+ShimPolicy::ShimPolicy(ShimConfig config, const Context* windows, Sink sink)
+    : config_(std::move(config)), windows_(windows), sink_(std::move(sink)) {
+  if (!sink_) {
+    sink_ = [](const std::string& line) { std::fputs(line.c_str(), stderr); };
+  }
+  mode_ = config_.stepsInvalid ? Mode::kOff
+          : config_.accumulationSteps > 0 ? Mode::kAutomatic
+                                          : Mode::kExplicit;
+  for (const auto& p : config_.problems) say(p);
+}
+
+void ShimPolicy::say(const std::string& message) { sink_(kPrefix + message + "\n"); }
+
+void ShimPolicy::sayOnce(bool& said, const std::string& message) {
+  if (said) return;
+  said = true;
+  say(message);
+}
+
+bool ShimPolicy::isGradient(const sf_shim_call& c) const {
+  return dtypeValid(c.dtype) && (c.op == SF_SHIM_OP_SUM || c.op == SF_SHIM_OP_AVERAGE) &&
+         c.bytes > 0 && c.bytes >= config_.minBytes && c.world_size >= 1;
+}
+
+sf_shim_decision ShimPolicy::decide(const sf_shim_call& c) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.calls;
+  if (c.api == SF_SHIM_API_GLOO) ++counters_.callsGloo;
+  if (c.api == SF_SHIM_API_NCCL) ++counters_.callsNccl;
+  if (c.world_size > 0) worldSize_ = c.world_size;
+  if (c.rank >= 0) rank_ = c.rank;
+  if (!isGradient(c)) return pass(c);
+  if (mode_ == Mode::kAutomatic && windows_ && windows_->windowsBegun() > 0) {
+    mode_ = Mode::kExplicit;
+    sayOnce(saidSwitch_,
+            "SF_ACCUMULATION_STEPS is set but the host calls sf_begin_accumulation itself: "
+            "following the host's windows");
+  }
+  switch (mode_) {
+    case Mode::kExplicit: return decideExplicit(c);
+    case Mode::kAutomatic: return decideAutomatic(c);
+    default: return passGradient(c, 0);
+  }
+}
+
+sf_shim_decision ShimPolicy::decideExplicit(const sf_shim_call& c) {
+  if (!windows_) {
+    sayOnce(saidNoContext_,
+            "no default context, so no accumulation windows: passing every call through");
+    return passGradient(c, 0);
+  }
+  // The state before the count: a reader that sees the window open also sees
+  // its number (Context::windowsBegun).
+  const bool inside = windows_->inAccumulation();
+  const int64_t w = windows_->windowsBegun();
+  if (enterWindow(w)) {
+    sf_shim_decision d{};
+    d.action = SF_SHIM_FAIL;
+    d.window = w;
+    return d;
+  }
+  return inside ? defer(c, w) : passGradient(c, w);
+}
+
+sf_shim_decision ShimPolicy::decideAutomatic(const sf_shim_call& c) {
+  const PassTracker::State before = tracker_.state();
+  const PassTracker::Position pos = tracker_.observe({c.comm, c.buffer, c.bytes, c.dtype});
+  if (pos.state == PassTracker::State::kLost) {
+    sayOnce(saidLost_, "SF_ACCUMULATION_STEPS=" + std::to_string(config_.accumulationSteps) +
+                           ": cannot tell where backward passes start (" +
+                           tracker_.lostReason() +
+                           "); passing every call through from now on (correct, not faster)");
+    return passGradient(c, -1);
+  }
+  if (pos.state == PassTracker::State::kLearning) return passGradient(c, -1);
+
+  const int64_t n = config_.accumulationSteps;
+  const int64_t w = (pos.pass - 1) / n + 1;
+  if (before == PassTracker::State::kLearning) {
+    // Just learned: the passes so far all went through, each of passBytes.
+    for (int64_t p = 1; p <= tracker_.passesCompleted(); ++p) {
+      if (WindowRecord* r = record((p - 1) / n + 1)) r->gradientBytesSent += tracker_.passBytes();
+    }
+    passGradient(c, -1);
+    window_ = w;
+    sf_shim_decision d{};
+    d.action = SF_SHIM_PASS;
+    d.window = w;
+    return d;
+  }
+  if (enterWindow(w)) {
+    sf_shim_decision d{};
+    d.action = SF_SHIM_FAIL;
+    d.window = w;
+    return d;
+  }
+  // Never the last pass of a window: that one synchronizes it.
+  if (pos.trusted && pos.pass % n != 0) return defer(c, w);
+  return passGradient(c, w);
+}
+
+bool ShimPolicy::enterWindow(int64_t w) {
+  if (w <= window_) return false;
+  window_ = w;
+  if (!pending_) return false;
+  reportUnsynchronized("before window " + std::to_string(w) + " began");
+  if (!config_.strict) return false;
+  failed_ = true;
+  return true;
+}
+
+void ShimPolicy::reportUnsynchronized(const std::string& before) {
+  counters_.unsynchronizedWindows.push_back(pendingWindow_);
+  std::ostringstream s;
+  s << "window " << pendingWindow_ << " ended with " << pendingCalls_
+    << " deferred gradient all-reduces (" << pendingBytes_
+    << " bytes) and no real synchronization " << before
+    << ": the optimizer stepped on local gradients"
+    << (config_.strict ? " (SF_STRICT=1: fatal)" : " (SF_STRICT=1 makes this fatal)");
+  say(s.str());
+  pending_ = false;
+}
+
+WindowRecord* ShimPolicy::record(int64_t window) {
+  if (window < 1 || size_t(window) > kMaxWindowRecords) return nullptr;
+  if (records_.size() < size_t(window)) records_.resize(size_t(window));
+  return &records_[size_t(window) - 1];
+}
+
+sf_shim_decision ShimPolicy::pass(const sf_shim_call& c) {
+  ++counters_.passed;
+  counters_.bytesSent += c.bytes;
+  sf_shim_decision d{};
+  d.action = SF_SHIM_PASS;
+  d.window = window_;
+  return d;
+}
+
+sf_shim_decision ShimPolicy::passGradient(const sf_shim_call& c, int64_t window) {
+  sf_shim_decision d = pass(c);
+  ++counters_.gradientCallsSent;
+  counters_.gradientBytesSent += c.bytes;
+  if (WindowRecord* r = record(window)) {
+    ++r->gradientCallsSent;
+    r->gradientBytesSent += c.bytes;
+  }
+  pending_ = false;  // a real synchronization: what was deferred before is carried
+  d.window = window > 0 ? window : 0;
+  return d;
+}
+
+sf_shim_decision ShimPolicy::defer(const sf_shim_call& c, int64_t window) {
+  ++counters_.deferred;
+  counters_.bytesDeferred += c.bytes;
+  if (WindowRecord* r = record(window)) {
+    ++r->deferredCalls;
+    r->bytesDeferred += c.bytes;
+  }
+  if (!pending_ || pendingWindow_ != window) {
+    pendingCalls_ = 0;
+    pendingBytes_ = 0;
+  }
+  pending_ = true;
+  pendingWindow_ = window;
+  ++pendingCalls_;
+  pendingBytes_ += c.bytes;
+  sf_shim_decision d{};
+  d.action = SF_SHIM_DEFER;
+  d.factor = c.op == SF_SHIM_OP_SUM ? double(c.world_size) : 1.0;
+  encodeScalar(d.factor, c.dtype, d.factor_scalar);
+  d.window = window;
+  return d;
+}
+
+bool ShimPolicy::finish() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (finished_) return !(config_.strict && !counters_.unsynchronizedWindows.empty());
+  finished_ = true;
+  if (pending_) reportUnsynchronized("before exit");
+  if (!config_.reportPath.empty()) {
+    const std::string path = reportPath();
+    std::ofstream f(path, std::ios::trunc);
+    f << reportJsonLocked() << "\n";
+    f.close();
+    if (!f) say("cannot write SF_SHIM_REPORT=" + path + ": " + std::strerror(errno));
+  }
+  return !(config_.strict && !counters_.unsynchronizedWindows.empty());
+}
+
+std::string ShimPolicy::reportPath() const {
+  std::string out;
+  const std::string& in = config_.reportPath;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%' && i + 1 < in.size() && (in[i + 1] == 'p' || in[i + 1] == 'r')) {
+      if (in[i + 1] == 'p' || rank_ < 0) {
+        out += (in[i + 1] == 'r' ? "pid" : "") + std::to_string(long(getpid()));
+      } else {
+        out += std::to_string(rank_);
+      }
+      ++i;
+    } else {
+      out += in[i];
+    }
+  }
+  return out;
+}
+
+std::string ShimPolicy::reportJson() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reportJsonLocked();
+}
+
+std::string ShimPolicy::reportJsonLocked() const {
+  const ShimCounters& k = counters_;
+  int64_t windows = window_;
+  if (mode_ == Mode::kExplicit && windows_) windows = windows_->windowsBegun();
+  std::ostringstream s;
+  s << "{\"pid\": " << long(getpid()) << ", \"rank\": " << rank_
+    << ", \"world_size\": " << worldSize_ << ", \"mode\": \"" << modeName(mode_)
+    << "\", \"accumulation_steps\": " << config_.accumulationSteps
+    << ", \"min_bytes\": " << config_.minBytes << ", \"strict\": " << (config_.strict ? 1 : 0)
+    << ",\n \"calls\": " << k.calls << ", \"calls_gloo\": " << k.callsGloo
+    << ", \"calls_nccl\": " << k.callsNccl << ", \"deferred\": " << k.deferred
+    << ", \"passed\": " << k.passed << ", \"bytes_deferred\": " << k.bytesDeferred
+    << ", \"bytes_sent\": " << k.bytesSent << ", \"gradient_calls_sent\": " << k.gradientCallsSent
+    << ", \"gradient_bytes_sent\": " << k.gradientBytesSent << ",\n \"windows\": " << windows
+    << ", \"unsynchronized_windows\": [";
+  for (size_t i = 0; i < k.unsynchronizedWindows.size(); ++i) {
+    s << (i ? ", " : "") << k.unsynchronizedWindows[i];
+  }
+  s << "],\n \"automatic\": {\"state\": \"" << stateName(tracker_.state())
+    << "\", \"pass_bytes\": " << tracker_.passBytes()
+    << ", \"calls_per_pass\": " << tracker_.callsPerPass()
+    << ", \"learned_after_passes\": " << tracker_.learnedAfterPasses()
+    << ", \"passes\": " << tracker_.passesCompleted()
+    << ", \"reason\": " << jsonString(tracker_.lostReason()) << "},\n \"per_window\": [";
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const WindowRecord& r = records_[i];
+    s << (i ? ",\n  " : "\n  ") << "{\"window\": " << i + 1
+      << ", \"deferred_calls\": " << r.deferredCalls << ", \"bytes_deferred\": " << r.bytesDeferred
+      << ", \"gradient_calls_sent\": " << r.gradientCallsSent
+      << ", \"gradient_bytes_sent\": " << r.gradientBytesSent << "}";
+  }
+  s << "]}";
+  return s.str();
+}
+
+ShimCounters ShimPolicy::counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ShimCounters k = counters_;
+  k.windows = window_;
+  if (mode_ == Mode::kExplicit && windows_) k.windows = windows_->windowsBegun();
+  return k;
+}
+
+std::vector<WindowRecord> ShimPolicy::windowRecords() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return records_;
+}
+
+ShimPolicy::Mode ShimPolicy::mode() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mode_;
+}
+
+}  // namespace sfsync
