@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "plugin/backend/ordered_executor.h"
+#include "plugin/core/error.h"
 
 using sfsync::OrderedExecutor;
 
@@ -11,7 +12,7 @@ BOOST_AUTO_TEST_SUITE(ordered_executor_tests)
 
 BOOST_AUTO_TEST_CASE(tasks_run_in_submission_order) {
   std::vector<int> order;
-  std::vector<std::future<void>> done;
+  std::vector<std::future<sfsync::TaskResult>> done;
   {
     OrderedExecutor ex;
     for (int i = 0; i < 100; ++i) done.push_back(ex.submit([&order, i] { order.push_back(i); }));
@@ -21,13 +22,18 @@ BOOST_AUTO_TEST_CASE(tasks_run_in_submission_order) {
   for (int i = 0; i < 100; ++i) BOOST_TEST(order[size_t(i)] == i);
 }
 
-BOOST_AUTO_TEST_CASE(exceptions_reach_the_future_and_later_tasks_still_run) {
+BOOST_AUTO_TEST_CASE(failures_reach_the_future_as_statuses_and_later_tasks_still_run) {
   OrderedExecutor ex;
-  auto bad = ex.submit([] { throw std::runtime_error("boom"); });
+  auto bad = ex.submit([] { throw sfsync::Error(SF_ERR_TIMEOUT, "late peer"); });
+  auto odd = ex.submit([] { throw std::runtime_error("boom"); });
   int ran = 0;
   auto good = ex.submit([&] { ran = 1; });
-  BOOST_CHECK_THROW(bad.get(), std::runtime_error);
-  good.get();
+  const sfsync::TaskResult b = bad.get();
+  BOOST_TEST(b.status == SF_ERR_TIMEOUT);
+  BOOST_TEST(b.message == "late peer");
+  BOOST_CHECK_THROW(b.throwIfFailed(), sfsync::Error);
+  BOOST_TEST(odd.get().status == SF_ERR_INTERNAL);
+  BOOST_TEST(good.get().status == SF_OK);
   BOOST_TEST(ran == 1);
 }
 

@@ -38,7 +38,7 @@ void setBuffer(gloo::AllreduceOptions& opts, void* data, int64_t numel) {
 
 class GlooWork : public Work {
  public:
-  GlooWork(std::future<void> f, std::chrono::milliseconds timeout)
+  GlooWork(std::future<TaskResult> f, std::chrono::milliseconds timeout)
       : future_(std::move(f)), timeout_(timeout) {}
   void wait() override {
     // Gloo enforces the timeout itself; the grace period covers scheduling.
@@ -46,11 +46,11 @@ class GlooWork : public Work {
       fail(SF_ERR_TIMEOUT, "gloo allreduce: no completion within timeout_ms = " +
                                std::to_string(timeout_.count()));
     }
-    future_.get();
+    future_.get().throwIfFailed();
   }
 
  private:
-  std::future<void> future_;
+  std::future<TaskResult> future_;
   std::chrono::milliseconds timeout_;
 };
 
@@ -63,7 +63,7 @@ GlooBackend::~GlooBackend() = default;
 void GlooBackend::connect() {
   if (context_) return;
   // On the worker thread: Gloo's event loop inherits its blocked SIGPIPE.
-  executor_.submit([this] { connectHere(); }).get();
+  executor_.submit([this] { connectHere(); }).get().throwIfFailed();
 }
 
 void GlooBackend::connectHere() {
@@ -125,7 +125,8 @@ void GlooBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
           gloo::allreduce(opts);
         });
       })
-      .get();
+      .get()
+      .throwIfFailed();
 }
 
 void GlooBackend::barrierQuietly() noexcept {

@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include "plugin/core/error.h"
+
 namespace sfsync {
 
 OrderedExecutor::~OrderedExecutor() {
@@ -13,9 +15,24 @@ OrderedExecutor::~OrderedExecutor() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::future<void> OrderedExecutor::submit(std::function<void()> task) {
-  std::packaged_task<void()> packaged(std::move(task));
-  std::future<void> result = packaged.get_future();
+void TaskResult::throwIfFailed() const {
+  if (status != SF_OK) throw Error(status, message);
+}
+
+std::future<TaskResult> OrderedExecutor::submit(std::function<void()> task) {
+  std::packaged_task<TaskResult()> packaged([task = std::move(task)]() -> TaskResult {
+    try {
+      task();
+      return {};
+    } catch (const Error& e) {
+      return {e.status(), e.what()};
+    } catch (const std::exception& e) {
+      return {SF_ERR_INTERNAL, e.what()};
+    } catch (...) {
+      return {SF_ERR_INTERNAL, "unknown exception on the worker thread"};
+    }
+  });
+  std::future<TaskResult> result = packaged.get_future();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(packaged));
@@ -35,7 +52,7 @@ void OrderedExecutor::loop() {
   sigaddset(&pipe, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   for (;;) {
-    std::packaged_task<void()> task;
+    std::packaged_task<TaskResult()> task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });

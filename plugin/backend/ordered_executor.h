@@ -10,9 +10,21 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <string>
 #include <thread>
 
+#include "sfsync.h"
+
 namespace sfsync {
+
+// How a task ended. Exceptions stay on the worker thread: they are turned
+// into this value there (an exception_ptr handed between threads is also
+// invisible to ThreadSanitizer through the uninstrumented C++ runtime).
+struct TaskResult {
+  sf_status status = SF_OK;
+  std::string message;
+  void throwIfFailed() const;  // sfsync::Error(status, message) unless SF_OK
+};
 
 class OrderedExecutor {
  public:
@@ -21,15 +33,16 @@ class OrderedExecutor {
   OrderedExecutor(const OrderedExecutor&) = delete;
   OrderedExecutor& operator=(const OrderedExecutor&) = delete;
 
-  // The future carries the task's exception, if any.
-  std::future<void> submit(std::function<void()> task);
+  // The future tells how the task ended: an sfsync::Error it threw keeps its
+  // status, any other exception is SF_ERR_INTERNAL.
+  std::future<TaskResult> submit(std::function<void()> task);
 
  private:
   void loop();
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
+  std::deque<std::packaged_task<TaskResult()>> queue_;
   bool stopping_ = false;
   std::thread thread_;  // started on the first submit
 };
