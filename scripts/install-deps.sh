@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what sfsync needs on Debian 12 (idempotent: skips apt when every
+# package is already there). Runs apt through sudo when not root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config    # toolchain
+  libgloo-dev libhiredis-dev          # the Gloo backend (TCP, Redis store)
+  libboost-test-dev                   # Boost.Test suites
+  libcxxopts-dev                      # command-line tools
+  redis-server                        # the redis:// rendezvous tests
+  python3-torch python3-numpy         # the Python + PyTorch sample (/usr/bin/python3)
+  cargo librust-libloading-dev        # the Rust sample (offline, Debian's crates)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q "${missing[@]}"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs every test: the full suite (plugin, tools, samples) in a normal build,
+# then the plugin suites again under AddressSanitizer + UBSan and under
+# ThreadSanitizer. Installs what is missing first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+bash scripts/install-deps.sh
+
+build() {  # build DIR [cmake args...]
+  local dir=$1; shift
+  echo "== configure and build $dir $*"
+  cmake -S . -B "$dir" "$@" > "$dir.log" 2>&1 || { cat "$dir.log"; exit 1; }
+  cmake --build "$dir" -j "$jobs" >> "$dir.log" 2>&1 || { tail -80 "$dir.log"; exit 1; }
+}
+
+build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "== tests: everything"
+(cd build && ctest --output-on-failure)
+
+build build-asan -DSF_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug
+echo "== tests: AddressSanitizer + UBSan"
+(cd build-asan && ctest -L unit --output-on-failure)
+
+build build-tsan -DSF_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
+echo "== tests: ThreadSanitizer"
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest -L unit --output-on-failure)
