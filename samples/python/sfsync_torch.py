@@ -70,6 +70,17 @@ def _sf_device(device):
     raise TypeError("sfsync has no device for %s parameters" % device)
 
 
+def _check_grad(p, ptr, name):
+    """Fail loudly if p.grad is no longer the memory sfsync reduces."""
+    g = p.grad
+    if g is None or g.data_ptr() != ptr:
+        raise RuntimeError(
+            "sfsync: %s.grad is no longer the buffer registered with sfsync (it is %s: "
+            "optimizer.zero_grad(set_to_none=True) or an assignment to .grad); use "
+            "GradientSync.zero_grad() or optimizer.zero_grad(set_to_none=False)"
+            % (name, "None" if g is None else "another tensor"))
+
+
 class GradientSync:
     """Attaches an nn.Module's parameters to an sfsync context.
 
@@ -152,30 +163,24 @@ class GradientSync:
         return t.view(p.shape)
 
     def _install_hooks(self):
-        ctx = self.context
         with torch.enable_grad():
             for i, p in enumerate(self.params):
                 # The AccumulateGrad node of p: its post hooks run after the
-                # new gradient has been added into p.grad.
+                # new gradient has been added into p.grad. Kept here: the
+                # parameter itself holds it only weakly.
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 self._handles.append((acc, acc.register_hook(self._make_hook(i))))
 
     def _make_hook(self, i):
-        gid, p = self._ids[i], self.params[i]
+        # The hook holds the context, not self: no cycle through autograd's
+        # C++ nodes, so an abandoned GradientSync can still be collected.
+        ctx, gid = self.context, self._ids[i]
+        p, ptr, name = self.params[i], self._ptrs[i], self.names[i]
 
         def hook(grad_inputs, grad_outputs):
-            self._check_grad(i)
-            self.context.grad_ready(gid)
+            _check_grad(p, ptr, name)
+            ctx.grad_ready(gid)
         return hook
-
-    def _check_grad(self, i):
-        g = self.params[i].grad
-        if g is None or g.data_ptr() != self._ptrs[i]:
-            raise RuntimeError(
-                "sfsync: %s.grad is no longer the buffer registered with sfsync (it is %s: "
-                "optimizer.zero_grad(set_to_none=True) or an assignment to .grad); use "
-                "GradientSync.zero_grad() or optimizer.zero_grad(set_to_none=False)"
-                % (self.names[i], "None" if g is None else "another tensor"))
 
     # -- per window
 
@@ -188,8 +193,8 @@ class GradientSync:
 
     def synchronize(self):
         """Reduce what the window accumulated; call before optimizer.step()."""
-        for i in range(len(self.params)):
-            self._check_grad(i)
+        for p, ptr, name in zip(self.params, self._ptrs, self.names):
+            _check_grad(p, ptr, name)
         self.context.synchronize()
 
     def zero_grad(self):

@@ -1,7 +1,7 @@
 """Tests of the PyTorch integration (sfsync_torch.py) on one rank, plus two
 ranks as threads of this process (memory:// rendezvous).
 
-    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 samples/python/test_sfsync_torch.py -v
+    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 samples/python/test_sfsync_torch.py
 """
 
 import os
@@ -145,6 +145,43 @@ class FlatBufferViews(unittest.TestCase):
                 model(data(0)).sum().backward()
             model(data(1)).sum().backward()
             sync.synchronize()
+
+    def test_two_backwards_outside_a_window_fail_loudly(self):
+        """Forgetting accumulate(): the second backward re-reports gradients
+        whose buckets may be in flight. The hook raises the plugin's
+        InvalidStateError out of backward(), naming the gradient."""
+        model = mlp()
+        with sfsync_torch.GradientSync(model, **LOCAL) as sync:
+            model(data(0)).sum().backward()
+            with self.assertRaisesRegex(sfsync.InvalidStateError,
+                                        r"^sf_grad_ready: gradient 3 \('2\.bias'\) was already "
+                                        r"reported ready"):
+                model(data(1)).sum().backward()
+            sync.synchronize()  # the context is still usable
+            self.assertEqual(sync.stats()["windows_completed"], 1)
+
+    def test_abandoned_sync_is_collected(self):
+        import gc
+        import weakref
+        model = mlp()
+        sync = sfsync_torch.GradientSync(model, **LOCAL)
+        ctx_ref = weakref.ref(sync.context)
+        del sync
+        gc.collect()
+        self.assertIsNotNone(ctx_ref())  # the .grad views still use its memory
+        for p in model.parameters():
+            p.grad = None
+        gc.collect()
+        self.assertIsNone(ctx_ref())  # nothing else held it: destroyed
+
+    def test_existing_grads_are_kept(self):
+        model = mlp()
+        model(data(0)).sum().backward()
+        before = grads_of(model)
+        with sfsync_torch.GradientSync(model, **LOCAL) as sync:
+            for gid, p, g in zip(sync._ids, model.parameters(), before):
+                self.assertEqual(p.grad.data_ptr(), sync.context.gradient_data(gid))
+                self.assertTrue(torch.equal(p.grad, g))
 
     def test_close_gives_private_copies(self):
         model = mlp()
