@@ -76,6 +76,13 @@ BOOST_AUTO_TEST_CASE(null_handles_and_pointers) {
   expectError(sf_add_gradient(l.h.ctx, 4, 0, 0, "x", nullptr), SF_ERR_INVALID_ARGUMENT, {"out_id is NULL"});
   expectError(sf_gradient_data(l.h.ctx, 0, nullptr), SF_ERR_INVALID_ARGUMENT, {"out is NULL"});
   expectError(sf_get_stats(l.h.ctx, nullptr), SF_ERR_INVALID_ARGUMENT, {"out is NULL"});
+  // A call that fails changes nothing: no gradient added, no buckets built.
+  const sf_stats s = statsOf(l.h.ctx);
+  BOOST_TEST(s.gradient_count == 2);
+  BOOST_TEST(s.bucket_count == 0);
+  float buf[4];
+  expectError(sf_register_gradient(l.h.ctx, buf, 4, 0, 0, "x", nullptr), SF_ERR_INVALID_ARGUMENT, {"out_id is NULL"});
+  BOOST_TEST(statsOf(l.h.ctx).gradient_count == 2);
 }
 
 BOOST_AUTO_TEST_CASE(bad_caps_are_named_with_their_value) {

@@ -146,7 +146,8 @@ sf_status sf_register_gradient(sf_context* ctx, void* data, int64_t numel, sf_dt
   return guard("sf_register_gradient", [&] {
     sfsync::Context& c = checked(ctx);
     if (!data) fail(SF_ERR_INVALID_ARGUMENT, "data is NULL (use sf_add_gradient for a plugin-owned buffer)");
-    checked(out_id, "out_id") = c.registerGradient(data, numel, dtype, device, name);
+    int64_t& id = checked(out_id, "out_id");  // before any side effect
+    id = c.registerGradient(data, numel, dtype, device, name);
   });
 }
 
@@ -154,7 +155,8 @@ sf_status sf_add_gradient(sf_context* ctx, int64_t numel, sf_dtype dtype, sf_dev
                           const char* name, int64_t* out_id) {
   return guard("sf_add_gradient", [&] {
     sfsync::Context& c = checked(ctx);
-    checked(out_id, "out_id") = c.registerGradient(nullptr, numel, dtype, device, name);
+    int64_t& id = checked(out_id, "out_id");  // before any side effect
+    id = c.registerGradient(nullptr, numel, dtype, device, name);
   });
 }
 
@@ -165,7 +167,8 @@ sf_status sf_build_buckets(sf_context* ctx) {
 sf_status sf_gradient_data(sf_context* ctx, int64_t id, void** out) {
   return guard("sf_gradient_data", [&] {
     sfsync::Context& c = checked(ctx);
-    checked(out, "out") = c.gradientData(id);
+    void*& result = checked(out, "out");  // before any side effect
+    result = c.gradientData(id);
   });
 }
 
