@@ -8,6 +8,9 @@
 // Ranks are threads of this process over loopback TCP (memory:// store), so
 // the plugin and the baseline see the same machine at the same moment;
 // iterations alternate baseline / plugin and the median of each is reported.
+// Two baselines: one raw allreduce of all the bytes (what the plugin aims to
+// match), and raw allreduces of the plugin's bucket sizes one after another
+// (what bucketing itself costs the transport; DDP pays the same).
 
 #include <unistd.h>
 
@@ -55,7 +58,7 @@ struct Config {
 struct Row {
   Config c{};
   int64_t buckets = 0;
-  double rawMs = 0, pluginMs = 0;
+  double rawMs = 0, bucketedMs = 0, pluginMs = 0;
   std::string error;
 };
 
@@ -103,27 +106,39 @@ Row runRank(int rank, int world, const Config& c, int iters, sf_reduce_op op,
     if (st != SF_OK && row.error.empty()) row.error = sf_last_error();
     return ms;
   };
-  auto rawOnce = [&] {
+  // Raw allreduces of consecutive slices of rawBuf, one per size.
+  auto rawOnce = [&](const std::vector<int64_t>& sliceBytes) {
     const auto t0 = Clock::now();
-    gloo::AllreduceOptions opts(raw);
-    opts.setOutput(rawBuf.data(), rawBuf.size());
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    gloo::allreduce(opts);
+    float* at = rawBuf.data();
+    for (int64_t bytes : sliceBytes) {
+      gloo::AllreduceOptions opts(raw);
+      opts.setOutput(at, size_t(bytes / 4));
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      gloo::allreduce(opts);
+      at += bytes / 4;
+    }
     return msSince(t0);
   };
   window();  // connects, checks the layout, warms up
-  rawOnce();
-  std::vector<double> rawMs, pluginMs;
-  for (int i = 0; i < iters; ++i) {
-    rawMs.push_back(rawOnce());
-    pluginMs.push_back(window());
-  }
   sf_stats s{};
   s.struct_size = sizeof s;
   sf_get_stats(ctx, &s);
+  std::vector<int64_t> bucketBytes(size_t(s.bucket_count));
+  for (int64_t b = 0; b < s.bucket_count; ++b) {
+    sf_bucket_info(ctx, b, &bucketBytes[size_t(b)], nullptr, nullptr);
+  }
+  const std::vector<int64_t> whole = {int64_t(rawBuf.size() * 4)};
+  rawOnce(whole);
+  std::vector<double> rawMs, bucketedMs, pluginMs;
+  for (int i = 0; i < iters; ++i) {
+    rawMs.push_back(rawOnce(whole));
+    bucketedMs.push_back(rawOnce(bucketBytes));
+    pluginMs.push_back(window());
+  }
   row.buckets = s.bucket_count;
   row.rawMs = median(rawMs);
+  row.bucketedMs = median(bucketedMs);
   row.pluginMs = median(pluginMs);
   sf_destroy(ctx);
   gloo::BarrierOptions b(raw);
@@ -212,8 +227,9 @@ int main(int argc, char** argv) {
   std::cout << "reduce=" << reduce << ", " << ranks << " ranks, median of " << iters
             << " iterations\n"
             << std::setw(8) << "MiB" << std::setw(7) << "grads" << std::setw(9) << "cap_MiB"
-            << std::setw(9) << "buckets" << std::setw(11) << "raw_ms" << std::setw(11)
-            << "sfsync_ms" << std::setw(8) << "ratio" << "\n";
+            << std::setw(9) << "buckets" << std::setw(10) << "raw_ms" << std::setw(14)
+            << "raw_bkt_ms" << std::setw(11) << "sfsync_ms" << std::setw(11) << "vs_raw"
+            << std::setw(11) << "vs_bkt" << "\n";
   int configIndex = 0;
   for (double size : args["sizes-mb"].as<std::vector<double>>()) {
     for (int grads : args["grads"].as<std::vector<int>>()) {
@@ -232,15 +248,18 @@ int main(int argc, char** argv) {
           return 1;
         }
         const double ratio = row.pluginMs / row.rawMs;
+        const double ratioBucketed = row.pluginMs / row.bucketedMs;
         std::cout << std::setw(8) << std::setprecision(1) << size << std::setw(7) << grads
-                  << std::setw(9) << cap << std::setw(9) << row.buckets << std::setw(11)
-                  << std::setprecision(3) << row.rawMs << std::setw(11) << row.pluginMs
-                  << std::setw(8) << std::setprecision(2) << ratio << std::endl;
+                  << std::setw(9) << cap << std::setw(9) << row.buckets << std::setw(10)
+                  << std::setprecision(3) << row.rawMs << std::setw(14) << row.bucketedMs
+                  << std::setw(11) << row.pluginMs << std::setw(11) << std::setprecision(2)
+                  << ratio << std::setw(11) << ratioBucketed << std::endl;
         if (json.is_open()) {
           json << "{\"kind\":\"window_sync\",\"reduce\":\"" << reduce << "\",\"ranks\":" << ranks
                << ",\"mib\":" << size << ",\"grads\":" << grads << ",\"cap_mib\":" << cap
                << ",\"buckets\":" << row.buckets << ",\"raw_ms\":" << row.rawMs
-               << ",\"sfsync_ms\":" << row.pluginMs << ",\"ratio\":" << ratio << "}\n";
+               << ",\"raw_bucketed_ms\":" << row.bucketedMs << ",\"sfsync_ms\":" << row.pluginMs
+               << ",\"ratio\":" << ratio << ",\"ratio_vs_bucketed\":" << ratioBucketed << "}\n";
         }
       }
     }

@@ -26,24 +26,20 @@
 
 #include <cxxopts.hpp>
 
+#include "plugin/tools/free_port.h"
+
 namespace {
 
 volatile sig_atomic_t gSignal = 0;
 void onSignal(int sig) { gSignal = sig; }
 
 int freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+  const int port = sfsync::freeLoopbackPort();
+  if (port < 0) {
     std::perror("sfsync-run: cannot find a free port");
     std::exit(2);
   }
-  ::close(fd);
-  return ntohs(a.sin_port);
+  return port;
 }
 
 // One child's output stream: bytes are cut into lines and prefixed.

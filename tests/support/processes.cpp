@@ -1,5 +1,7 @@
 #include "tests/support/processes.h"
 
+#include "plugin/tools/free_port.h"
+
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -91,17 +93,7 @@ ProcessResult runProcess(const std::vector<std::string>& argv,
   return runProcesses({argv}, env, timeoutSeconds, false).front();
 }
 
-int freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+int freePort() { return sfsync::freeLoopbackPort(); }
 
 std::string field(const std::string& text, const std::string& prefix, const std::string& key) {
   std::istringstream lines(text);
