@@ -1,0 +1,78 @@
+#include "shim/forward.h"
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "plugin/api/sfsync_shim_internal.h"
+
+namespace sfshim {
+
+namespace {
+
+// libsfsync.so and its NCCL module libsfsync_nccl.so (loaded later, with dlopen).
+bool isPluginFile(const char* path) {
+  if (!path) return false;
+  const char* base = std::strrchr(path, '/');
+  base = base ? base + 1 : path;
+  return std::strncmp(base, "libsfsync.so", 12) == 0 ||
+         std::strncmp(base, "libsfsync_nccl.so", 17) == 0;
+}
+
+}  // namespace
+
+void* realSymbol(const char* name, const char* library) {
+  if (void* f = dlsym(RTLD_NEXT, name)) return f;
+  // Loaded RTLD_LOCAL by someone else: not in the global scope, but a handle
+  // to it can still be had without loading anything.
+  if (void* handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD)) {
+    void* f = dlsym(handle, name);
+    dlclose(handle);  // drops only the reference RTLD_NOLOAD took
+    return f;
+  }
+  return nullptr;
+}
+
+bool calledFromPlugin(const void* returnAddress) {
+  // A host calls from a handful of places: remember the last few per thread,
+  // so that dladdr (a lookup under the loader's lock) runs once per place.
+  constexpr int kSlots = 8;
+  thread_local const void* seen[kSlots] = {};
+  thread_local bool fromPlugin[kSlots] = {};
+  thread_local int next = 0;
+  for (int i = 0; i < kSlots; ++i) {
+    if (seen[i] == returnAddress) return fromPlugin[i];
+  }
+  Dl_info info{};
+  const bool plugin = dladdr(returnAddress, &info) && isPluginFile(info.dli_fname);
+  seen[next] = returnAddress;
+  fromPlugin[next] = plugin;
+  next = (next + 1) % kSlots;
+  return plugin;
+}
+
+bool pluginUsable() {
+  static const bool usable = [] {
+    const int32_t v = sf_shim_interface_version();
+    if (v == SF_SHIM_INTERFACE_VERSION) return true;
+    std::fprintf(stderr,
+                 "sfsync shim: libsfsync.so speaks shim interface %d, this shim %d: "
+                 "passing every call through\n",
+                 int(v), SF_SHIM_INTERFACE_VERSION);
+    return false;
+  }();
+  return usable;
+}
+
+void sayOnce(bool& flag, const char* message) {
+  static std::mutex m;
+  std::lock_guard<std::mutex> lock(m);
+  if (flag) return;
+  flag = true;
+  std::fprintf(stderr, "sfsync shim: %s\n", message);
+}
+
+}  // namespace sfshim

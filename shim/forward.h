@@ -1,0 +1,26 @@
+#pragma once
+// What every interposer of the shim shares: finding the real function it
+// stands in front of, recognizing calls made by libsfsync.so itself, and
+// whether the plugin behind it can be used. No decisions live here.
+
+namespace sfshim {
+
+// The real definition of `name`: the next one after the shim in the global
+// scope (dlsym(RTLD_NEXT)), else the one in `library` if that is already
+// loaded, even RTLD_LOCAL (PyTorch loads libgloo.so.0 that way). Null if
+// neither has it.
+void* realSymbol(const char* name, const char* library);
+
+// True if `returnAddress` lies in libsfsync.so or its NCCL module
+// libsfsync_nccl.so: the plugin's own collectives are forwarded untouched and
+// not counted.
+bool calledFromPlugin(const void* returnAddress);
+
+// False (said once on stderr) if libsfsync.so speaks another version of the
+// internal interface: then every call is forwarded untouched.
+bool pluginUsable();
+
+// Prints "sfsync shim: <message>" on stderr the first time `flag` is seen false.
+void sayOnce(bool& flag, const char* message);
+
+}  // namespace sfshim

@@ -1,0 +1,95 @@
+// Interposes gloo::allreduce(const gloo::AllreduceOptions&), the one Gloo
+// all-reduce that PyTorch's ProcessGroupGloo calls (Debian's libtorch_cpu.so
+// imports it from the system libgloo.so.0). Gloo declares this function a
+// friend of AllreduceOptions, so this definition can read the options: the
+// buffers, the element size, the reduce function and the context (world size).
+
+#include <gloo/allreduce.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "plugin/api/sfsync_shim_internal.h"
+#include "shim/forward.h"
+
+namespace {
+
+using AllreduceFn = void (*)(const gloo::AllreduceOptions&);
+using PlainReduce = void (*)(void*, const void*, const void*, size_t);
+
+constexpr const char* kSymbol = "_ZN4gloo9allreduceERKNS_16AllreduceOptionsE";
+
+AllreduceFn real() {
+  static const AllreduceFn f =
+      reinterpret_cast<AllreduceFn>(sfshim::realSymbol(kSymbol, "libgloo.so.0"));
+  return f;
+}
+
+void invokeReduce(void* state, void* out, const void* a, const void* b, size_t n) {
+  (*static_cast<const gloo::AllreduceOptions::Func*>(state))(out, a, b, n);
+}
+
+bool saidNoDecision = false;
+
+}  // namespace
+
+namespace gloo {
+
+__attribute__((visibility("default"))) void allreduce(const AllreduceOptions& opts) {
+  const AllreduceFn forward = real();
+  if (!forward) {
+    throw std::runtime_error(
+        "sfsync shim: the real gloo::allreduce was not found (neither after the shim nor in "
+        "a loaded libgloo.so.0)");
+  }
+  if (!sfshim::pluginUsable() || sfshim::calledFromPlugin(__builtin_return_address(0))) {
+    return forward(opts);
+  }
+  const auto& o = opts.impl_;
+  if (o.out.empty() || !o.context) return forward(opts);  // Gloo reports the misuse
+
+  sf_shim_call call{};
+  call.api = SF_SHIM_API_GLOO;
+  call.world_size = o.context->size;
+  call.rank = o.context->rank;
+  call.comm = o.context.get();
+  call.buffer = o.out[0]->ptr;
+  call.bytes = int64_t(o.elements * o.elementSize);
+  call.dtype = SF_SHIM_DTYPE_OTHER;
+  call.op = SF_SHIM_OP_OTHER;
+  if (o.reduce && o.elementSize > 0) {
+    const PlainReduce* plain = o.reduce.target<PlainReduce>();
+    const void* identity = plain ? reinterpret_cast<const void*>(*plain) : nullptr;
+    sf_shim_classify_reduce(identity, int64_t(o.elementSize), invokeReduce,
+                            const_cast<AllreduceOptions::Func*>(&o.reduce), &call.dtype,
+                            &call.op);
+  }
+
+  sf_shim_decision d{};
+  if (sf_shim_decide(&call, &d) != SF_OK) {
+    if (d.action == SF_SHIM_FAIL) {
+      throw std::runtime_error(std::string("sfsync shim: ") + sf_last_error());
+    }
+    sfshim::sayOnce(saidNoDecision, sf_last_error());
+    return forward(opts);
+  }
+  if (d.action != SF_SHIM_DEFER) return forward(opts);
+
+  // Deferred: every output gets factor x (the local reduction of the inputs),
+  // what Gloo would produce if every rank held this rank's values.
+  const size_t bytes = o.elements * o.elementSize;
+  const void* local = o.in.empty() ? o.out[0]->ptr : o.in[0]->ptr;
+  const auto& inputs = o.in.empty() ? o.out : o.in;
+  if (inputs.size() > 1) {
+    // Gloo reduces a rank's own buffers first, with the host's function.
+    void* acc = o.out[0]->ptr;
+    if (acc != local) std::memcpy(acc, local, bytes);
+    for (size_t i = 1; i < inputs.size(); ++i) o.reduce(acc, acc, inputs[i]->ptr, o.elements);
+    local = acc;
+  }
+  sf_shim_local_result(o.out[0]->ptr, local, int64_t(o.elements), call.dtype, d.factor);
+  for (size_t i = 1; i < o.out.size(); ++i) std::memcpy(o.out[i]->ptr, o.out[0]->ptr, bytes);
+}
+
+}  // namespace gloo

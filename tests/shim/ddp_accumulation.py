@@ -1,0 +1,231 @@
+#!/usr/bin/python3
+"""PyTorch DDP over Gloo, 2 CPU processes, N micro-batches per optimizer step.
+
+Run with Debian's /usr/bin/python3 (torch 1.13). The ranks are started with
+torch.multiprocessing.spawn and meet through a file store given to
+init_process_group: no RANK/WORLD_SIZE/MASTER_* in the environment, so the
+shim can only learn the world size from the host's own communicator.
+
+--mode nosync   the reference: no_sync() around forward and backward of the
+                first N-1 micro-batches (what DDP users write).
+--mode calls    no no_sync(); two ctypes lines open and close the window on
+                sfsync's default context (the shim must be preloaded).
+--mode plain    the script untouched: no no_sync(), no calls (with the shim
+                and SF_ACCUMULATION_STEPS=N: automatic windows).
+--mode unsynced the window is never closed before the optimizer steps (a host
+                bug the shim must report).
+
+Checks (each a failing exit status with a message):
+  --reference F    the final weights equal those in F (written by --save).
+  --check-grads    after every micro-batch, compare the ranks' gradients
+                   (all_gather): different after a deferred one (nothing was
+                   all-reduced), the same after a synchronized one.
+  --local-from P   the first backward pass (1-based, over all windows) whose
+                   all-reduce the shim defers; later ones too, except the
+                   last of each window. Without it nothing is deferred
+                   (--mode nosync: the first N-1 of every window).
+  --report P       SF_SHIM_REPORT pattern (with %r); checks the shim's report
+                   of each rank against --expect: calls, auto (SF_ACCUMULATION_STEPS
+                   = --steps), pass (nothing deferred), unsynced, lost (auto
+                   until --foreign-at, then nothing deferred).
+"""
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+WORLD = 2
+
+
+def model():
+    torch.manual_seed(1234)
+    # After DDP's bucket rebuild: a first bucket of ~1.07 MB (fc3, fc2) and a
+    # second of ~0.53 MB (fc1); before it, one bucket of everything.
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.Tanh(),
+        torch.nn.Linear(512, 512), torch.nn.Tanh(),
+        torch.nn.Linear(512, 10))
+
+
+def batch(rank, window, micro):
+    g = torch.Generator().manual_seed(100000 * rank + 100 * window + micro)
+    x = torch.randn(32, 256, generator=g)
+    y = torch.randn(32, 10, generator=g)
+    return x, y
+
+
+def grads_differ(ddp):
+    """True if the two ranks hold different gradients (all_gather: not an all-reduce)."""
+    flat = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+    parts = [torch.empty_like(flat) for _ in range(WORLD)]
+    dist.all_gather(parts, flat)
+    return (parts[0] - parts[1]).abs().max().item() > 1e-4
+
+
+def worker(rank, args, store_file):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        assert k not in os.environ, k
+    dist.init_process_group("gloo", init_method="file://" + store_file,
+                            rank=rank, world_size=WORLD)
+    net = model()
+    ddp = DDP(net)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    sf = ctx = None
+    if args.mode in ("calls", "unsynced"):
+        # The two lines a Python host adds (plus the handle): the shim is
+        # preloaded, so this is the libsfsync.so instance it consults.
+        sf = ctypes.CDLL("libsfsync.so.1")
+        ctx = ctypes.c_void_p()
+        assert sf.sf_default_context(ctypes.byref(ctx)) == 0
+    n = args.steps
+    failures = []
+    for w in range(1, args.windows + 1):
+        if args.foreign_at == w:
+            # A host all-reduce the pass pattern does not contain (e.g. a metric
+            # vector): automatic mode must give up and pass everything.
+            metric = torch.ones(40000) * (rank + 1)
+            dist.all_reduce(metric)
+            assert metric[0].item() == 3.0
+        for i in range(n):
+            if args.mode in ("calls", "unsynced") and n > 1:
+                if i == 0:
+                    assert sf.sf_begin_accumulation(ctx) == 0
+                if i == n - 1 and args.mode == "calls":
+                    assert sf.sf_end_accumulation(ctx) == 0
+            skip = args.mode == "nosync" and i < n - 1
+            with ddp.no_sync() if skip else contextlib.nullcontext():
+                x, y = batch(rank, w, i)
+                loss = torch.nn.functional.mse_loss(ddp(x), y)
+                loss.backward()
+            if args.check_grads:
+                differ = grads_differ(ddp)
+                deferred = (i < n - 1) and (
+                    args.mode == "nosync" or
+                    (args.local_from is not None and (w - 1) * n + i + 1 >= args.local_from and
+                     (args.foreign_at is None or w < args.foreign_at)))
+                if differ != deferred:
+                    failures.append(f"window {w} micro-batch {i}: ranks hold "
+                                    f"{'different' if differ else 'equal'} gradients, expected "
+                                    f"{'different (local)' if deferred else 'equal (synchronized)'}")
+        if args.mode == "unsynced" and n > 1:
+            assert sf.sf_end_accumulation(ctx) == 0
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    grad_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    if rank == 0 and args.save:
+        torch.save({k: v.clone() for k, v in net.state_dict().items()}, args.save)
+    if rank == 0 and args.reference:
+        ref = torch.load(args.reference)
+        diff = max((net.state_dict()[k] - ref[k]).abs().max().item() for k in ref)
+        scale = max(ref[k].abs().max().item() for k in ref)
+        print(f"max |weight - reference| = {diff:.3g} (largest weight {scale:.3g})")
+        if diff > 1e-5 * scale:
+            failures.append(f"weights differ from the no_sync reference by {diff}")
+    with open(os.path.join(args.tmp, f"grad_bytes-{rank}"), "w") as f:
+        f.write(str(grad_bytes))
+    dist.barrier()
+    dist.destroy_process_group()
+    if failures:
+        print(f"rank {rank}: " + "\n  ".join(failures), file=sys.stderr)
+        sys.exit(1)
+
+
+def check_reports(args, grad_bytes):
+    """The shim's own account, per rank, against what this script did."""
+    n, windows, t = args.steps, args.windows, grad_bytes
+    failures = []
+    for rank in range(WORLD):
+        path = args.report.replace("%r", str(rank))
+        with open(path) as f:
+            r = json.load(f)
+        per = r["per_window"]
+        sent = [x["gradient_bytes_sent"] for x in per]
+        deferred = [x["bytes_deferred"] for x in per]
+        print(f"rank {rank}: mode {r['mode']}, {r['calls']} calls, {r['deferred']} deferred, "
+              f"{r['passed']} passed; gradient bytes per pass {t}; sent per window {sent}; "
+              f"deferred per window {deferred}")
+        if r["world_size"] != WORLD or r["rank"] != rank:
+            failures.append(f"rank {rank}: report says rank {r['rank']} of {r['world_size']}")
+        def deferred_passes(last_window):
+            return [p for p in range(1, last_window * n + 1) if p > 5 and p % n != 0]
+        want_sent = want_def = None
+        if args.expect == "pass":
+            if r["deferred"] != 0 or r["gradient_bytes_sent"] != windows * n * t:
+                failures.append(f"rank {rank}: expected every pass sent: {n * windows * t} bytes, "
+                                f"got {r['gradient_bytes_sent']} sent, {r['bytes_deferred']} deferred")
+        elif args.expect == "calls":
+            want_sent, want_def = [t] * windows, [(n - 1) * t] * windows
+        elif args.expect == "unsynced":
+            want_sent, want_def = [0] * windows, [n * t] * windows
+        elif args.expect == "lost":
+            # Automatic mode until the foreign all-reduce before window F, then
+            # every call sent (the foreign one included).
+            a = r["automatic"]
+            d = len(deferred_passes(args.foreign_at - 1))
+            foreign = 40000 * 4
+            if (a["state"] != "lost" or r["bytes_deferred"] != d * t or
+                    r["gradient_bytes_sent"] != (windows * n - d) * t + foreign):
+                failures.append(f"rank {rank}: expected {d} passes deferred, then everything "
+                                f"sent after the foreign call: {r}")
+        else:  # auto: N micro-batches per window, learned after 5 passes
+            a = r["automatic"]
+            if a["state"] != "tracking" or a["pass_bytes"] != t or a["learned_after_passes"] != 5:
+                failures.append(f"rank {rank}: automatic mode did not learn the passes: {a}")
+            want_sent, want_def = [], []
+            for w in range(1, windows + 1):
+                d = len([p for p in deferred_passes(windows) if (p - 1) // n + 1 == w])
+                want_sent.append((n - d) * t)
+                want_def.append(d * t)
+        if want_sent is not None and (sent != want_sent or deferred != want_def):
+            failures.append(f"rank {rank}: sent per window {sent} (want {want_sent}), "
+                            f"deferred {deferred} (want {want_def})")
+        if r["unsynchronized_windows"] != args.unsynchronized:
+            failures.append(f"rank {rank}: unsynchronized windows {r['unsynchronized_windows']}, "
+                            f"want {args.unsynchronized}")
+    return failures
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=["nosync", "calls", "plain", "unsynced"], required=True)
+    p.add_argument("--steps", type=int, default=4, help="micro-batches per optimizer step (N)")
+    p.add_argument("--windows", type=int, default=6, help="optimizer steps (W)")
+    p.add_argument("--save")
+    p.add_argument("--reference")
+    p.add_argument("--check-grads", action="store_true")
+    p.add_argument("--local-from", type=int)
+    p.add_argument("--foreign-at", type=int)
+    p.add_argument("--report")
+    p.add_argument("--expect", choices=["calls", "auto", "pass", "unsynced", "lost"])
+    p.add_argument("--unsynchronized", type=lambda s: [int(x) for x in s.split(",") if x],
+                   default=[])
+    args = p.parse_args()
+    if args.report:  # the shim writes the reports at the ranks' exit
+        os.makedirs(os.path.dirname(args.report) or ".", exist_ok=True)
+        for rank in range(WORLD):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(args.report.replace("%r", str(rank)))
+    with tempfile.TemporaryDirectory() as tmp:
+        args.tmp = tmp
+        mp.spawn(worker, args=(args, os.path.join(tmp, "store")), nprocs=WORLD, join=True)
+        with open(os.path.join(tmp, "grad_bytes-0")) as f:
+            grad_bytes = int(f.read())
+    failures = check_reports(args, grad_bytes) if args.report else []
+    for f in failures:
+        print("FAILED: " + f, file=sys.stderr)
+    if failures:
+        sys.exit(1)
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+#include "plugin/shim_policy/shim_policy.h"
+
+#include <unistd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "plugin/core/context.h"
+#include "plugin/core/options.h"
+
+using sfsync::ShimConfig;
+using sfsync::ShimPolicy;
+
+namespace {
+
+const void* kBuf1 = reinterpret_cast<const void*>(0xb000);
+const void* kBuf2 = reinterpret_cast<const void*>(0xc000);
+const void* kComm = reinterpret_cast<const void*>(0x1000);
+
+sf_shim_call call(sf_dtype dtype, sf_shim_op op, int64_t bytes, const void* buffer = kBuf1,
+                  int32_t worldSize = 4) {
+  sf_shim_call c{};
+  c.api = SF_SHIM_API_GLOO;
+  c.dtype = dtype;
+  c.op = op;
+  c.world_size = worldSize;
+  c.rank = 1;
+  c.comm = kComm;
+  c.buffer = buffer;
+  c.bytes = bytes;
+  return c;
+}
+
+sf_shim_call grad(int64_t bytes, const void* buffer = kBuf1) {
+  return call(SF_DTYPE_FLOAT32, SF_SHIM_OP_SUM, bytes, buffer);
+}
+
+// A policy over a real (world size 1) context, with its messages captured.
+struct Harness {
+  explicit Harness(ShimConfig config = {}, bool withContext = true) {
+    ctx = std::make_unique<sfsync::Context>(sfsync::optionsFromCaller(nullptr));
+    policy = std::make_unique<ShimPolicy>(std::move(config), withContext ? ctx.get() : nullptr,
+                                          [this](const std::string& l) { lines.push_back(l); });
+  }
+  sf_shim_action act(const sf_shim_call& c) { return policy->decide(c).action; }
+  size_t said(const std::string& part) const {
+    size_t n = 0;
+    for (const auto& l : lines) n += l.find(part) != std::string::npos;
+    return n;
+  }
+  std::unique_ptr<sfsync::Context> ctx;
+  std::unique_ptr<ShimPolicy> policy;
+  std::vector<std::string> lines;
+};
+
+ShimConfig config(int64_t minBytes, int64_t steps = 0) {
+  ShimConfig c;
+  c.minBytes = minBytes;
+  c.accumulationSteps = steps;
+  return c;
+}
+
+// The bytes of a factor encoded as NCCL wants its pre-multiplication scalar.
+std::vector<unsigned char> scalarBytes(sf_dtype dtype, double factor) {
+  std::vector<unsigned char> b(8, 0);
+  if (dtype == SF_DTYPE_FLOAT32) {
+    const float f = float(factor);
+    std::memcpy(b.data(), &f, 4);
+  } else if (dtype == SF_DTYPE_FLOAT64) {
+    std::memcpy(b.data(), &factor, 8);
+  } else {  // 1 and 4 in float16 and bfloat16
+    const uint16_t h = dtype == SF_DTYPE_FLOAT16 ? (factor == 4 ? 0x4400 : 0x3c00)
+                                                 : (factor == 4 ? 0x4080 : 0x3f80);
+    std::memcpy(b.data(), &h, 2);
+  }
+  return b;
+}
+
+// DDP's shape for automatic mode: one bucket in pass 1, two after.
+void ddpPass(Harness& h, int pass, std::vector<sf_shim_action>* actions) {
+  if (pass == 1) {
+    actions->push_back(h.act(grad(3000, reinterpret_cast<const void*>(0xa000))));
+  } else {
+    actions->push_back(h.act(grad(2000, kBuf1)));
+    actions->push_back(h.act(grad(1000, kBuf2)));
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(shim_policy_tests)
+
+BOOST_AUTO_TEST_CASE(every_dtype_op_and_size_inside_and_outside_a_window) {
+  const sf_dtype dtypes[] = {SF_DTYPE_FLOAT32, SF_DTYPE_FLOAT64, SF_DTYPE_FLOAT16,
+                             SF_DTYPE_BFLOAT16, SF_SHIM_DTYPE_OTHER, 17};
+  const sf_shim_op ops[] = {SF_SHIM_OP_SUM, SF_SHIM_OP_AVERAGE, SF_SHIM_OP_OTHER, 9};
+  const int64_t sizes[] = {0, 1023, 1024, 1 << 20};
+  Harness h(config(1024));
+  int64_t deferred = 0, total = 0;
+  for (const bool inside : {false, true}) {
+    if (inside) h.ctx->beginAccumulation();
+    for (const sf_dtype d : dtypes) {
+      for (const sf_shim_op op : ops) {
+        for (const int64_t bytes : sizes) {
+          const sf_shim_decision r = h.policy->decide(call(d, op, bytes));
+          ++total;
+          const bool gradient = (d >= 0 && d <= 3) && (op == SF_SHIM_OP_SUM || op == SF_SHIM_OP_AVERAGE) &&
+                                bytes >= 1024;
+          BOOST_TEST_CONTEXT("inside " << inside << " dtype " << d << " op " << op << " bytes " << bytes) {
+            BOOST_TEST(r.action == (inside && gradient ? SF_SHIM_DEFER : SF_SHIM_PASS));
+            if (r.action == SF_SHIM_DEFER) {
+              ++deferred;
+              const double factor = op == SF_SHIM_OP_SUM ? 4.0 : 1.0;  // world size 4
+              BOOST_TEST(r.factor == factor);
+              BOOST_TEST(std::vector<unsigned char>(r.factor_scalar, r.factor_scalar + 8) ==
+                         scalarBytes(d, factor));
+              BOOST_TEST(r.window == 1);
+            }
+          }
+        }
+      }
+    }
+  }
+  BOOST_TEST(deferred == 4 * 2 * 2);  // float types x (sum, average) x (1024, 1 MiB)
+  const auto k = h.policy->counters();
+  BOOST_TEST(k.calls == total);
+  BOOST_TEST(k.deferred == deferred);
+  BOOST_TEST(k.passed == total - deferred);
+  BOOST_TEST(k.bytesDeferred == 4 * 2 * (1024 + (1 << 20)));
+}
+
+BOOST_AUTO_TEST_CASE(a_call_without_a_world_size_is_never_deferred) {
+  Harness h(config(0));
+  h.ctx->beginAccumulation();
+  BOOST_TEST(h.act(call(SF_DTYPE_FLOAT32, SF_SHIM_OP_SUM, 4096, kBuf1, 0)) == SF_SHIM_PASS);
+  BOOST_TEST(h.act(call(SF_DTYPE_FLOAT32, SF_SHIM_OP_SUM, 4096, kBuf1, 1)) == SF_SHIM_DEFER);
+}
+
+BOOST_AUTO_TEST_CASE(counts_bytes_and_windows_of_three_explicit_windows) {
+  Harness h(config(100));
+  h.act(grad(500));  // before any window: a plain synchronization
+  for (int w = 1; w <= 3; ++w) {
+    h.ctx->beginAccumulation();
+    for (int micro = 0; micro < 2; ++micro) {
+      BOOST_TEST(h.act(grad(300, kBuf1)) == SF_SHIM_DEFER);
+      BOOST_TEST(h.act(grad(200, kBuf2)) == SF_SHIM_DEFER);
+      BOOST_TEST(h.act(call(SF_DTYPE_FLOAT32, SF_SHIM_OP_SUM, 4)) == SF_SHIM_PASS);  // a loss
+      BOOST_TEST(h.act(call(SF_SHIM_DTYPE_OTHER, SF_SHIM_OP_SUM, 800)) == SF_SHIM_PASS);
+    }
+    h.ctx->endAccumulation();
+    BOOST_TEST(h.act(grad(300, kBuf1)) == SF_SHIM_PASS);
+    BOOST_TEST(h.act(grad(200, kBuf2)) == SF_SHIM_PASS);
+  }
+  const auto k = h.policy->counters();
+  BOOST_TEST(k.calls == 1 + 3 * (8 + 2));
+  BOOST_TEST(k.deferred == 3 * 4);
+  BOOST_TEST(k.bytesDeferred == 3 * 1000);
+  BOOST_TEST(k.gradientCallsSent == 1 + 3 * 2);
+  BOOST_TEST(k.gradientBytesSent == 500 + 3 * 500);
+  BOOST_TEST(k.bytesSent == 500 + 3 * (500 + 2 * 804));
+  BOOST_TEST(k.windows == 3);
+  BOOST_TEST(k.unsynchronizedWindows.empty());
+  const auto r = h.policy->windowRecords();
+  BOOST_REQUIRE(r.size() == 3u);
+  for (const auto& w : r) {
+    BOOST_TEST(w.deferredCalls == 4);
+    BOOST_TEST(w.bytesDeferred == 1000);
+    BOOST_TEST(w.gradientBytesSent == 500);
+  }
+  BOOST_TEST(h.policy->finish());
+  BOOST_TEST(h.lines.empty());
+}
+
+BOOST_AUTO_TEST_CASE(window_left_unsynchronized_is_reported_naming_it) {
+  Harness h(config(100));
+  h.ctx->beginAccumulation();
+  h.act(grad(300));
+  h.act(grad(200, kBuf2));
+  h.ctx->endAccumulation();  // ... and the optimizer steps: no synchronization
+  h.ctx->beginAccumulation();
+  BOOST_TEST(h.act(grad(300)) == SF_SHIM_DEFER);  // not strict: carries on
+  BOOST_TEST(h.said("window 1 ended with 2 deferred gradient all-reduces (500 bytes) and no "
+                    "real synchronization before window 2 began") == 1u);
+  h.ctx->endAccumulation();
+  BOOST_TEST(h.policy->finish());  // not strict
+  BOOST_TEST(h.said("window 2 ended with 1 deferred gradient all-reduces (300 bytes) and no "
+                    "real synchronization before exit") == 1u);
+  BOOST_TEST(h.policy->counters().unsynchronizedWindows == std::vector<int64_t>({1, 2}));
+  BOOST_TEST(h.policy->finish());  // idempotent: nothing said twice
+  BOOST_TEST(h.lines.size() == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(synchronization_between_windows_clears_the_guard) {
+  Harness h(config(100));
+  for (int w = 0; w < 3; ++w) {
+    h.ctx->beginAccumulation();
+    h.act(grad(300));
+    h.ctx->endAccumulation();
+    h.act(grad(300));  // the last micro-batch: synchronized
+  }
+  BOOST_TEST(h.policy->finish());
+  BOOST_TEST(h.lines.empty());
+}
+
+BOOST_AUTO_TEST_CASE(strict_fails_the_next_call_and_the_exit) {
+  ShimConfig c = config(100);
+  c.strict = true;
+  Harness h(c);
+  h.ctx->beginAccumulation();
+  h.act(grad(300));
+  h.ctx->endAccumulation();
+  h.ctx->beginAccumulation();
+  const sf_shim_decision d = h.policy->decide(grad(300));
+  BOOST_TEST(d.action == SF_SHIM_FAIL);
+  BOOST_TEST(d.window == 2);
+  BOOST_TEST(h.said("(SF_STRICT=1: fatal)") == 1u);
+  BOOST_TEST(!h.policy->finish());
+}
+
+BOOST_AUTO_TEST_CASE(strict_finish_fails_for_a_window_open_at_exit) {
+  ShimConfig c = config(100);
+  c.strict = true;
+  Harness h(c);
+  h.ctx->beginAccumulation();
+  h.act(grad(300));
+  BOOST_TEST(!h.policy->finish());
+  BOOST_TEST(h.said("window 1 ended with 1 deferred") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(automatic_mode_defers_every_pass_but_the_last_of_each_window) {
+  Harness h(config(100, 3));
+  std::vector<std::vector<sf_shim_action>> passes;
+  for (int p = 1; p <= 15; ++p) {
+    std::vector<sf_shim_action> a;
+    ddpPass(h, p, &a);
+    passes.push_back(a);
+  }
+  for (int p = 1; p <= 15; ++p) {
+    const bool deferred = p > 5 && p % 3 != 0;  // learned at the end of pass 5
+    for (const auto a : passes[size_t(p) - 1]) {
+      BOOST_TEST_CONTEXT("pass " << p) {
+        BOOST_TEST(a == (deferred ? SF_SHIM_DEFER : SF_SHIM_PASS));
+      }
+    }
+  }
+  // Windows of 3 passes of 3000 bytes: passes 1-6 sent, then 1 of 3.
+  const auto r = h.policy->windowRecords();
+  BOOST_REQUIRE(r.size() == 5u);
+  const int64_t sent[] = {9000, 9000, 3000, 3000, 3000};
+  const int64_t deferred[] = {0, 0, 6000, 6000, 6000};
+  for (size_t w = 0; w < 5; ++w) {
+    BOOST_TEST(r[w].gradientBytesSent == sent[w]);
+    BOOST_TEST(r[w].bytesDeferred == deferred[w]);
+  }
+  BOOST_TEST(h.policy->counters().windows == 5);
+  BOOST_TEST(h.policy->finish());
+  BOOST_TEST(h.lines.empty());
+}
+
+BOOST_AUTO_TEST_CASE(automatic_mode_never_defers_the_last_pass_of_a_window) {
+  for (const int64_t n : {1, 2, 3, 4, 7}) {
+    Harness h(config(100, n));
+    int64_t deferredPasses = 0;
+    for (int p = 1; p <= 42; ++p) {
+      std::vector<sf_shim_action> a;
+      ddpPass(h, p, &a);
+      const bool d = a[0] == SF_SHIM_DEFER;
+      for (const auto x : a) BOOST_TEST(x == a[0]);  // a pass is one decision
+      if (p % n == 0) BOOST_TEST(!d, "N = " << n << ", pass " << p);
+      deferredPasses += d;
+    }
+    int64_t expected = 0;
+    for (int p = 6; p <= 42; ++p) expected += p % n != 0;
+    BOOST_TEST(deferredPasses == expected, "N = " << n);
+    BOOST_TEST(h.policy->finish());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(automatic_mode_reports_a_window_unfinished_at_exit) {
+  Harness h(config(100, 4));
+  std::vector<sf_shim_action> a;
+  for (int p = 1; p <= 10; ++p) ddpPass(h, p, &a);  // window 3 = passes 9-12: 9, 10 deferred
+  BOOST_TEST(h.policy->finish());
+  BOOST_TEST(h.said("window 3 ended with 4 deferred gradient all-reduces (6000 bytes)") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(automatic_mode_gives_up_once_and_then_passes_everything) {
+  Harness h(config(100, 2));
+  std::vector<sf_shim_action> a;
+  for (int p = 1; p <= 7; ++p) ddpPass(h, p, &a);  // pass 7 deferred
+  BOOST_TEST(a.back() == SF_SHIM_DEFER);
+  BOOST_TEST(h.act(grad(40000, reinterpret_cast<const void*>(0xf000))) == SF_SHIM_PASS);
+  BOOST_TEST(h.act(grad(40000, reinterpret_cast<const void*>(0xf000))) == SF_SHIM_PASS);
+  a.clear();
+  for (int p = 8; p <= 12; ++p) ddpPass(h, p, &a);
+  for (const auto x : a) BOOST_TEST(x == SF_SHIM_PASS);
+  BOOST_TEST(h.said("cannot tell where backward passes start") == 1u);
+  BOOST_TEST(h.lines.size() == 1u);
+  BOOST_TEST(h.policy->finish());  // what pass 7 deferred was carried by later passes
+  BOOST_TEST(h.lines.size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(host_windows_take_over_from_automatic_mode) {
+  Harness h(config(100, 3));
+  h.ctx->beginAccumulation();
+  BOOST_TEST(h.act(grad(300)) == SF_SHIM_DEFER);
+  BOOST_TEST(int(h.policy->mode()) == int(ShimPolicy::Mode::kExplicit));
+  BOOST_TEST(h.said("following the host's windows") == 1u);
+  h.ctx->endAccumulation();
+  BOOST_TEST(h.act(grad(300)) == SF_SHIM_PASS);
+}
+
+BOOST_AUTO_TEST_CASE(invalid_steps_pass_everything) {
+  ShimConfig c = config(100);
+  c.stepsInvalid = true;
+  c.problems.push_back("SF_ACCUMULATION_STEPS=x is not a positive integer");
+  Harness h(c);
+  BOOST_TEST(h.said("SF_ACCUMULATION_STEPS=x") == 1u);
+  h.ctx->beginAccumulation();
+  BOOST_TEST(h.act(grad(300)) == SF_SHIM_PASS);
+  BOOST_TEST(int(h.policy->mode()) == int(ShimPolicy::Mode::kOff));
+}
+
+BOOST_AUTO_TEST_CASE(without_a_context_every_call_passes) {
+  Harness h(config(100), false);
+  BOOST_TEST(h.act(grad(300)) == SF_SHIM_PASS);
+  BOOST_TEST(h.act(grad(300)) == SF_SHIM_PASS);
+  BOOST_TEST(h.said("no default context") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(configuration_from_the_environment) {
+  setenv("SF_SHIM_MIN_BYTES", "12x", 1);
+  setenv("SF_ACCUMULATION_STEPS", "0", 1);
+  setenv("SF_STRICT", "1", 1);
+  setenv("SF_SHIM_REPORT", "/tmp/r-%r.json", 1);
+  ShimConfig c = sfsync::shimConfigFromEnvironment();
+  BOOST_TEST(c.minBytes == sfsync::kDefaultShimMinBytes);
+  BOOST_TEST(c.stepsInvalid);
+  BOOST_TEST(c.strict);
+  BOOST_TEST(c.reportPath == "/tmp/r-%r.json");
+  BOOST_TEST(c.problems.size() == 2u);
+  setenv("SF_SHIM_MIN_BYTES", "4096", 1);
+  setenv("SF_ACCUMULATION_STEPS", "8", 1);
+  setenv("SF_STRICT", "0", 1);
+  c = sfsync::shimConfigFromEnvironment();
+  BOOST_TEST(c.minBytes == 4096);
+  BOOST_TEST(c.accumulationSteps == 8);
+  BOOST_TEST(!c.stepsInvalid);
+  BOOST_TEST(!c.strict);
+  BOOST_TEST(c.problems.empty());
+  for (const char* v : {"SF_SHIM_MIN_BYTES", "SF_ACCUMULATION_STEPS", "SF_STRICT", "SF_SHIM_REPORT"}) {
+    unsetenv(v);
+  }
+  c = sfsync::shimConfigFromEnvironment();
+  BOOST_TEST(c.accumulationSteps == 0);
+  BOOST_TEST(c.reportPath.empty());
+}
+
+BOOST_AUTO_TEST_CASE(report_file_names_the_rank_and_holds_the_counts) {
+  const std::string dir = "/tmp/sfsync-shim-policy-" + std::to_string(getpid());
+  BOOST_REQUIRE(std::system(("mkdir -p " + dir).c_str()) == 0);
+  ShimConfig c = config(100);
+  c.reportPath = dir + "/report-%r-%p.json";
+  Harness h(c);
+  h.ctx->beginAccumulation();
+  h.act(grad(300));
+  h.ctx->endAccumulation();
+  h.act(grad(300));
+  BOOST_TEST(h.policy->finish());
+  const std::string path = dir + "/report-1-" + std::to_string(getpid()) + ".json";
+  std::ifstream f(path);
+  BOOST_REQUIRE(f.good());
+  std::stringstream s;
+  s << f.rdbuf();
+  const std::string json = s.str();
+  for (const char* part :
+       {"\"rank\": 1", "\"world_size\": 4", "\"mode\": \"explicit\"", "\"calls\": 2",
+        "\"deferred\": 1", "\"passed\": 1", "\"bytes_deferred\": 300", "\"bytes_sent\": 300",
+        "\"windows\": 1", "\"unsynchronized_windows\": []",
+        "{\"window\": 1, \"deferred_calls\": 1, \"bytes_deferred\": 300, "
+        "\"gradient_calls_sent\": 1, \"gradient_bytes_sent\": 300}"}) {
+    BOOST_TEST(json.find(part) != std::string::npos, part << " in " << json);
+  }
+  std::remove(path.c_str());
+  rmdir(dir.c_str());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
