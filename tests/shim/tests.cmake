@@ -74,6 +74,10 @@ else()
          --unsynchronized 1,2,3
     ENV "${preload};SF_SHIM_REPORT=${reports}/unsynced-%r.json"
     PASS "window 1 ended with 7 deferred gradient all-reduces \\(6389920 bytes\\) and no real synchronization before window 2 began.*\nOK\n")
+  # PyTorch's own reduce functions, every dtype x op: only float sums deferred.
+  add_test(NAME shim_gloo_ops_classified COMMAND ${SF_PYTHON} ${SF_SHIM_TESTS}/gloo_ops.py)
+  set_tests_properties(shim_gloo_ops_classified PROPERTIES LABELS "shim;torch" TIMEOUT 120
+    ENVIRONMENT "${preload};SF_SHIM_REPORT=${reports}/gloo-ops-%r.json")
   # ... and fatal with SF_STRICT=1: the host's backward raises.
   sf_shim_ddp_test(shim_ddp_strict
     ARGS --mode unsynced --windows 3
