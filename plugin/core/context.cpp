@@ -5,6 +5,7 @@
 
 #include "plugin/backend/gloo_backend.h"
 #include "plugin/backend/local_backend.h"
+#include "plugin/backend/nccl/nccl_backend.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/core/options.h"
@@ -19,7 +20,10 @@ Context::~Context() {
   // tears its connections down while another still reads from them. A failed
   // context has no peers left to meet.
   if (reducer_.quiesce()) {
-    for (auto& kv : backends_) kv.second->barrierQuietly();
+    // A backend that failed to come up (no GPU, wrong backend) leaves an empty slot.
+    for (auto& kv : backends_) {
+      if (kv.second) kv.second->barrierQuietly();
+    }
   }
 }
 
@@ -38,10 +42,32 @@ Backend& Context::backendFor(sf_device device) {
       slot = std::make_unique<GlooBackend>(opts_);
     }
   } else {
-    fail(SF_ERR_UNSUPPORTED,
-         "CUDA gradients need the NCCL backend, which this build does not provide");
+    if (opts_.backend == SF_BACKEND_GLOO) {
+      fail(SF_ERR_UNSUPPORTED,
+           "backend = gloo cannot reduce CUDA gradients; use nccl or auto");
+    }
+    auto nccl = std::make_unique<NcclBackend>(opts_);  // SF_ERR_UNSUPPORTED without CUDA/NCCL/GPU
+    nccl->setHostStream(cudaStream_);
+    nccl_ = nccl.get();
+    slot = std::move(nccl);
   }
   return *slot;
+}
+
+void Context::setCudaStream(void* stream) {
+  if (reducer_.inFlight()) {
+    fail(SF_ERR_INVALID_STATE, "bucket collectives started by sf_grad_ready are in flight; change "
+                               "the stream after sf_synchronize");
+  }
+  std::lock_guard<std::mutex> lock(backendsMutex_);
+  cudaStream_ = stream;
+  if (nccl_) nccl_->setHostStream(stream);
+}
+
+void Context::adoptNcclComm(void* comm) {
+  if (!comm) fail(SF_ERR_INVALID_ARGUMENT, "comm is NULL");
+  backendFor(SF_DEVICE_CUDA);
+  nccl_->adopt(comm);
 }
 
 void Context::setBucketCapMb(double mb) {
@@ -68,6 +94,10 @@ int64_t Context::registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_
   } else if (numel > (int64_t(1) << 58) / int64_t(dtypeSize(dtype))) {
     s << "numel = " << numel << " is too large";
   } else {
+    if (device == SF_DEVICE_CUDA) {
+      backendFor(device);  // SF_ERR_UNSUPPORTED now, not at the first synchronization
+      if (data) nccl_->checkDeviceMemory(data, size_t(numel) * dtypeSize(dtype));
+    }
     const int64_t id = reducer_.addGradient(data, numel, dtype, device, name);
     gradientCount_.store(id + 1, std::memory_order_relaxed);
     return id;

@@ -15,6 +15,8 @@
 
 namespace sfsync {
 
+class NcclBackend;
+
 class Context {
  public:
   explicit Context(const sf_options& opts);  // validated options
@@ -39,6 +41,10 @@ class Context {
   void gradReady(int64_t id);
   void synchronize();
 
+  // CUDA gradients: the host's stream and, optionally, its communicator.
+  void setCudaStream(void* stream);
+  void adoptNcclComm(void* comm);
+
   sf_stats stats() const;
   void bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype* dtype) const;
 
@@ -49,6 +55,8 @@ class Context {
   sf_options opts_;
   std::mutex backendsMutex_;
   std::map<sf_device, std::unique_ptr<Backend>> backends_;
+  NcclBackend* nccl_ = nullptr;  // backends_[SF_DEVICE_CUDA] once created
+  void* cudaStream_ = nullptr;   // the host's cudaStream_t
   Reducer reducer_;  // after backends_: destroyed first, while backends live
 
   std::atomic<bool> inWindow_{false};

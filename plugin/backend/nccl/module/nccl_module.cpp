@@ -1,0 +1,638 @@
+// libsfsync_nccl.so: the NCCL backend module. Implements the C table of
+// plugin/backend/nccl/module_api.h with the CUDA runtime and NCCL, which only
+// this library links. Responsible for streams, events, device memory and
+// communicators; not for buckets, windows or rendezvous (libsfsync.so).
+//
+// Ordering: the host produces and reads gradients on its stream H;
+// collectives run on the plugin's own non-blocking stream P. A collective
+// starts after an event recorded on H (so after the host's backward kernels
+// and our staging copies, which run on H), and H waits for an event recorded
+// on P after it before the host reads the result. The CPU waits by polling
+// events; nothing here synchronizes a stream the host uses or the device.
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "plugin/backend/nccl/completion_poll.h"
+#include "plugin/backend/nccl/module_api.h"
+#include "plugin/backend/nccl/reduction_choice.h"
+#include "plugin/core/dtype.h"
+#include "sfsync.h"
+
+#define SFN_EXPORT extern "C" __attribute__((visibility("default")))
+
+struct sfn_device {
+  int device = 0;
+  cudaStream_t stream = nullptr;  // the plugin's
+  cudaStream_t host = nullptr;    // the host's; nullptr is the legacy default stream
+};
+
+struct sfn_comm {
+  sfn_device* dev = nullptr;
+  ncclComm_t comm = nullptr;
+  bool owned = false;
+  bool aborted = false;
+  int world = 1, rank = 0;
+  int64_t timeoutMs = 300000;  // for NCCL calls that return ncclInProgress
+  // Buffers of the (rare) int64 control all-reduce, grown on demand.
+  int64_t* pinned = nullptr;
+  int64_t* ints = nullptr;
+  int64_t intCap = 0;
+};
+
+struct sfn_work {
+  sfn_comm* comm = nullptr;
+  cudaEvent_t ready = nullptr;  // on the host's stream: the inputs are final
+  cudaEvent_t done = nullptr;   // on the plugin's stream: the result is there
+  int64_t bytes = 0;
+};
+
+namespace {
+
+using sfsync::nccl::Outcome;
+using sfsync::nccl::Poll;
+
+struct Failure {
+  int32_t status;
+  std::string message;
+};
+
+int32_t report(sfn_error* err, int32_t status, const std::string& message) {
+  if (err) std::snprintf(err->message, sizeof err->message, "%s", message.c_str());
+  return status;
+}
+
+std::string cudaText(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + " (" + std::to_string(int(e)) + "): " +
+         cudaGetErrorString(e);
+}
+
+std::string ncclText(ncclComm_t comm, ncclResult_t r) {
+  std::string s = std::string(ncclGetErrorString(r)) + " (ncclResult_t " + std::to_string(int(r)) + ")";
+  const char* last = ncclGetLastError(comm);
+  if (last && *last) s += ": " + std::string(last);
+  return s;
+}
+
+void checkCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls are not confused
+    throw Failure{SF_ERR_BACKEND, std::string(what) + " failed: " + cudaText(e)};
+  }
+}
+
+// Runs an entry point's body: every failure becomes a status and a message.
+template <typename F>
+int32_t entry(sfn_error* err, F&& body) noexcept {
+  try {
+    body();
+    return SF_OK;
+  } catch (const Failure& f) {
+    return report(err, f.status, f.message);
+  } catch (const std::bad_alloc&) {
+    return report(err, SF_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return report(err, SF_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return report(err, SF_ERR_INTERNAL, "unknown exception in the NCCL module");
+  }
+}
+
+// Makes `device` current for this thread for the scope, then restores the
+// host's choice: the host's current device is its own business.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device_) checkCuda(cudaSetDevice(device_), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int device_;
+  int previous_ = -1;
+};
+
+ncclDataType_t ncclType(int32_t dtype) {
+  switch (dtype) {
+    case SF_DTYPE_FLOAT32: return ncclFloat32;
+    case SF_DTYPE_FLOAT64: return ncclFloat64;
+    case SF_DTYPE_FLOAT16: return ncclFloat16;
+    case SF_DTYPE_BFLOAT16: return ncclBfloat16;
+    default: throw Failure{SF_ERR_INVALID_ARGUMENT, "dtype " + std::to_string(dtype) + " is not an sf_dtype"};
+  }
+}
+
+// The pre-multiplication factor in the reduction's own type, as
+// ncclRedOpCreatePreMulSum reads it.
+union Scalar {
+  float f32;
+  double f64;
+  uint16_t bits16;
+};
+
+Scalar scalarOf(double factor, int32_t dtype) {
+  Scalar s;
+  std::memset(&s, 0, sizeof s);
+  switch (dtype) {
+    case SF_DTYPE_FLOAT32: s.f32 = float(factor); break;
+    case SF_DTYPE_FLOAT64: s.f64 = factor; break;
+    case SF_DTYPE_FLOAT16: s.bits16 = sfsync::floatToHalf(float(factor)); break;
+    default: s.bits16 = sfsync::floatToBf16(float(factor)); break;
+  }
+  return s;
+}
+
+void abortComm(sfn_comm* c) {
+  if (c->aborted) return;
+  c->aborted = true;
+  ncclCommAbort(c->comm);  // also for an adopted one: its kernels would hang forever
+}
+
+// Health of a communicator for the poller; records the failure message.
+Poll health(sfn_comm* c, std::string* why) {
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(c->comm, &async);
+  if (r != ncclSuccess) async = r;
+  if (async == ncclSuccess || async == ncclInProgress) return Poll::kPending;
+  *why = "NCCL asynchronous error on rank " + std::to_string(c->rank) + " of " +
+         std::to_string(c->world) + ": " + ncclText(c->comm, async);
+  return Poll::kFailed;
+}
+
+// Waits for a non-blocking NCCL call that returned ncclInProgress.
+void settle(sfn_comm* c, ncclResult_t r, const char* what, int64_t timeoutMs) {
+  if (r == ncclSuccess) return;
+  if (r != ncclInProgress) {
+    throw Failure{SF_ERR_BACKEND, std::string(what) + " failed on rank " + std::to_string(c->rank) +
+                                      ": " + ncclText(c->comm, r)};
+  }
+  std::string why;
+  const Outcome o = sfsync::nccl::pollUntil(
+      [&] {
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(c->comm, &async);
+        if (async == ncclInProgress) return Poll::kPending;
+        if (async == ncclSuccess) return Poll::kDone;
+        why = ncclText(c->comm, async);
+        return Poll::kFailed;
+      },
+      [] { return Poll::kPending; }, std::chrono::milliseconds(timeoutMs),
+      sfsync::nccl::sleepOrYield, std::chrono::microseconds(1000));
+  if (o == Outcome::kDone) return;
+  abortComm(c);
+  if (o == Outcome::kTimedOut) {
+    throw Failure{SF_ERR_TIMEOUT, std::string(what) + " on rank " + std::to_string(c->rank) + " of " +
+                                      std::to_string(c->world) + " did not complete within timeout_ms = " +
+                                      std::to_string(timeoutMs) +
+                                      " (does every rank run?); the communicator was aborted"};
+  }
+  throw Failure{SF_ERR_BACKEND, std::string(what) + " failed on rank " + std::to_string(c->rank) + ": " +
+                                    why + "; the communicator was aborted"};
+}
+
+// Waits for `done` (recorded on the plugin's stream), watching the
+// communicator; aborts it on an error or the timeout.
+void waitEvent(sfn_comm* c, cudaEvent_t done, int64_t timeoutMs, const std::string& what) {
+  std::string why;
+  const Outcome o = sfsync::nccl::pollUntil(
+      [&] {
+        const cudaError_t e = cudaEventQuery(done);
+        if (e == cudaSuccess) return Poll::kDone;
+        if (e == cudaErrorNotReady) return Poll::kPending;
+        cudaGetLastError();
+        why = "cudaEventQuery failed: " + cudaText(e);
+        return Poll::kFailed;
+      },
+      [&] { return health(c, &why); }, std::chrono::milliseconds(timeoutMs),
+      sfsync::nccl::sleepOrYield);
+  if (o == Outcome::kDone) return;
+  abortComm(c);
+  if (o == Outcome::kTimedOut) {
+    throw Failure{SF_ERR_TIMEOUT, what + " did not complete within timeout_ms = " +
+                                      std::to_string(timeoutMs) + " on rank " + std::to_string(c->rank) +
+                                      " of " + std::to_string(c->world) +
+                                      " (a peer stopped or hangs); the communicator was aborted"};
+  }
+  throw Failure{SF_ERR_BACKEND, what + ": " + why + "; the communicator was aborted"};
+}
+
+void checkAlive(sfn_comm* c) {
+  if (c->aborted) {
+    throw Failure{SF_ERR_BACKEND,
+                  "the NCCL communicator was aborted after an earlier failure on rank " +
+                      std::to_string(c->rank)};
+  }
+}
+
+// ---- The table's functions ---------------------------------------------------
+
+int32_t probe(int32_t* count, int32_t* cudaVersion, int32_t* ncclVersion, sfn_error* err) {
+  return entry(err, [&] {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Failure{SF_ERR_UNSUPPORTED, "no usable GPU: cudaGetDeviceCount failed with " + cudaText(e)};
+    }
+    if (n <= 0) {
+      throw Failure{SF_ERR_UNSUPPORTED,
+                    "no GPU is visible (cudaGetDeviceCount = 0; check CUDA_VISIBLE_DEVICES)"};
+    }
+    int rt = 0, nv = 0;
+    cudaRuntimeGetVersion(&rt);
+    ncclGetVersion(&nv);
+    if (count) *count = n;
+    if (cudaVersion) *cudaVersion = rt;
+    if (ncclVersion) *ncclVersion = nv;
+  });
+}
+
+int32_t deviceOpen(int32_t device, sfn_device** out, sfn_error* err) {
+  return entry(err, [&] {
+    DeviceGuard guard(device);
+    auto* d = new sfn_device;
+    d->device = device;
+    int least = 0, greatest = 0;
+    cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (e == cudaSuccess) {
+      e = cudaStreamCreateWithPriority(&d->stream, cudaStreamNonBlocking, greatest);
+    } else {
+      cudaGetLastError();
+      e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
+    }
+    if (e != cudaSuccess) {
+      delete d;
+      checkCuda(e, "cudaStreamCreateWithPriority (the plugin's stream)");
+    }
+    *out = d;
+  });
+}
+
+void deviceClose(sfn_device* d) {
+  if (!d) return;
+  try {
+    DeviceGuard guard(d->device);
+    cudaStreamDestroy(d->stream);
+  } catch (...) {
+  }
+  delete d;
+}
+
+void setHostStream(sfn_device* d, void* stream) { d->host = static_cast<cudaStream_t>(stream); }
+
+int32_t memAlloc(sfn_device* d, size_t bytes, void** out, sfn_error* err) {
+  return entry(err, [&] {
+    DeviceGuard guard(d->device);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Failure{e == cudaErrorMemoryAllocation ? SF_ERR_OUT_OF_MEMORY : SF_ERR_BACKEND,
+                    "cudaMalloc of " + std::to_string(bytes) + " bytes on device " +
+                        std::to_string(d->device) + " failed: " + cudaText(e)};
+    }
+    // Zero on our stream and wait for that alone: the memory is ready for
+    // whatever stream the host uses, and nothing else is synchronized.
+    cudaEvent_t zeroed = nullptr;
+    try {
+      checkCuda(cudaMemsetAsync(p, 0, bytes, d->stream), "cudaMemsetAsync");
+      checkCuda(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming), "cudaEventCreate");
+      checkCuda(cudaEventRecord(zeroed, d->stream), "cudaEventRecord");
+      const Outcome o = sfsync::nccl::pollUntil(
+          [&] {
+            const cudaError_t q = cudaEventQuery(zeroed);
+            return q == cudaSuccess ? Poll::kDone : q == cudaErrorNotReady ? Poll::kPending : Poll::kFailed;
+          },
+          [] { return Poll::kPending; }, std::chrono::minutes(5), sfsync::nccl::sleepOrYield);
+      if (o != Outcome::kDone) throw Failure{SF_ERR_BACKEND, "zeroing new device memory failed"};
+      cudaEventDestroy(zeroed);
+    } catch (...) {
+      if (zeroed) cudaEventDestroy(zeroed);
+      cudaFree(p);
+      throw;
+    }
+    *out = p;
+  });
+}
+
+void memFree(sfn_device* d, void* p) {
+  if (!p) return;
+  try {
+    DeviceGuard guard(d->device);
+    // The host's stream may still have our copies or zeroing of this memory
+    // queued: wait for what it holds now (bounded), not for the device.
+    cudaEvent_t drained = nullptr;
+    if (cudaEventCreateWithFlags(&drained, cudaEventDisableTiming) == cudaSuccess) {
+      if (cudaEventRecord(drained, d->host) == cudaSuccess) {
+        sfsync::nccl::pollUntil(
+            [&] { return cudaEventQuery(drained) == cudaErrorNotReady ? Poll::kPending : Poll::kDone; },
+            [] { return Poll::kPending; }, std::chrono::seconds(60), sfsync::nccl::sleepOrYield);
+      }
+      cudaEventDestroy(drained);
+    }
+    cudaGetLastError();
+    cudaFree(p);
+  } catch (...) {
+  }
+}
+
+int32_t memCopy(sfn_device* d, void* dst, const void* src, size_t bytes, sfn_error* err) {
+  return entry(err, [&] {
+    DeviceGuard guard(d->device);
+    checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->host),
+              "cudaMemcpyAsync (gradient staging, on the host's stream)");
+  });
+}
+
+int32_t memZero(sfn_device* d, void* p, size_t bytes, sfn_error* err) {
+  return entry(err, [&] {
+    DeviceGuard guard(d->device);
+    checkCuda(cudaMemsetAsync(p, 0, bytes, d->host), "cudaMemsetAsync (zeroing gradients, on the host's stream)");
+  });
+}
+
+const char* memoryTypeName(cudaMemoryType t) {
+  switch (t) {
+    case cudaMemoryTypeHost: return "pinned host memory";
+    case cudaMemoryTypeDevice: return "device memory";
+    case cudaMemoryTypeManaged: return "managed memory";
+    default: return "not memory CUDA knows (pageable host memory?)";
+  }
+}
+
+int32_t checkPointer(sfn_device* d, const void* p, size_t bytes, sfn_error* err) {
+  return entry(err, [&] {
+    DeviceGuard guard(d->device);
+    const char* ends[] = {static_cast<const char*>(p), static_cast<const char*>(p) + (bytes ? bytes - 1 : 0)};
+    for (const char* q : ends) {
+      cudaPointerAttributes a;
+      std::memset(&a, 0, sizeof a);
+      const cudaError_t e = cudaPointerGetAttributes(&a, q);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw Failure{SF_ERR_INVALID_ARGUMENT, "cudaPointerGetAttributes failed: " + cudaText(e)};
+      }
+      char where[64];
+      std::snprintf(where, sizeof where, "%p", static_cast<const void*>(q));
+      if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+        throw Failure{SF_ERR_INVALID_ARGUMENT, std::string("address ") + where + " is " +
+                                                   memoryTypeName(a.type) +
+                                                   ", not CUDA device memory (SF_DEVICE_CUDA)"};
+      }
+      if (a.type == cudaMemoryTypeDevice && a.device != d->device) {
+        throw Failure{SF_ERR_INVALID_ARGUMENT, std::string("address ") + where + " is memory of device " +
+                                                   std::to_string(a.device) + ", but this rank uses device " +
+                                                   std::to_string(d->device) + " (local_rank)"};
+      }
+    }
+  });
+}
+
+int32_t uniqueId(uint8_t id[SFN_UNIQUE_ID_BYTES], sfn_error* err) {
+  return entry(err, [&] {
+    static_assert(sizeof(ncclUniqueId) == SFN_UNIQUE_ID_BYTES, "NCCL unique id size");
+    ncclUniqueId u;
+    const ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) {
+      throw Failure{SF_ERR_BACKEND, "ncclGetUniqueId failed: " + ncclText(nullptr, r)};
+    }
+    std::memcpy(id, &u, sizeof u);
+  });
+}
+
+int32_t commInit(sfn_device* d, const uint8_t id[SFN_UNIQUE_ID_BYTES], int32_t world, int32_t rank,
+                 int64_t timeoutMs, sfn_comm** out, sfn_error* err) {
+  return entry(err, [&] {
+    DeviceGuard guard(d->device);
+    ncclUniqueId u;
+    std::memcpy(&u, id, sizeof u);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so that a missing peer is a timeout, not a hang
+    auto* c = new sfn_comm;
+    c->dev = d;
+    c->owned = true;
+    c->world = world;
+    c->rank = rank;
+    c->timeoutMs = timeoutMs;
+    const ncclResult_t r = ncclCommInitRankConfig(&c->comm, world, u, rank, &config);
+    try {
+      if (r != ncclSuccess && r != ncclInProgress) {
+        if (c->comm) abortComm(c);
+        throw Failure{SF_ERR_BACKEND,
+                      "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " +
+                          std::to_string(world) + ", device " + std::to_string(d->device) +
+                          ") failed: " + ncclText(c->comm, r)};
+      }
+      settle(c, r, "ncclCommInitRankConfig", timeoutMs);
+    } catch (...) {
+      delete c;
+      throw;
+    }
+    *out = c;
+  });
+}
+
+int32_t commQuery(void* nccl, int32_t* world, int32_t* rank, int32_t* device, sfn_error* err) {
+  return entry(err, [&] {
+    ncclComm_t comm = static_cast<ncclComm_t>(nccl);
+    int n = 0, r = 0, dev = 0;
+    ncclResult_t e = ncclCommCount(comm, &n);
+    if (e == ncclSuccess) e = ncclCommUserRank(comm, &r);
+    if (e == ncclSuccess) e = ncclCommCuDevice(comm, &dev);
+    if (e != ncclSuccess) {
+      throw Failure{SF_ERR_INVALID_ARGUMENT,
+                    "the communicator passed in is not a usable ncclComm_t: " + ncclText(comm, e)};
+    }
+    *world = n;
+    *rank = r;
+    *device = dev;
+  });
+}
+
+int32_t commAdopt(sfn_device* d, void* nccl, int64_t timeoutMs, sfn_comm** out, sfn_error* err) {
+  return entry(err, [&] {
+    int32_t world = 0, rank = 0, device = 0;
+    sfn_error e;
+    const int32_t s = commQuery(nccl, &world, &rank, &device, &e);
+    if (s != SF_OK) throw Failure{s, e.message};
+    if (device != d->device) {
+      throw Failure{SF_ERR_INVALID_ARGUMENT, "the adopted communicator is on device " +
+                                                 std::to_string(device) + " but this context uses device " +
+                                                 std::to_string(d->device)};
+    }
+    auto* c = new sfn_comm;
+    c->dev = d;
+    c->comm = static_cast<ncclComm_t>(nccl);
+    c->owned = false;
+    c->world = world;
+    c->rank = rank;
+    c->timeoutMs = timeoutMs;
+    // A non-blocking host communicator may still be initializing.
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(c->comm, &async);
+    try {
+      settle(c, async, "the adopted communicator's initialization", timeoutMs);
+    } catch (...) {
+      delete c;
+      throw;
+    }
+    *out = c;
+  });
+}
+
+void commFree(sfn_comm* c) {
+  if (!c) return;
+  try {
+    DeviceGuard guard(c->dev->device);
+    if (c->owned && !c->aborted) {
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(c->comm, &async);
+      if (async == ncclSuccess) {
+        ncclCommDestroy(c->comm);
+      } else {
+        ncclCommAbort(c->comm);
+      }
+    }
+    if (c->ints) cudaFree(c->ints);
+    if (c->pinned) cudaFreeHost(c->pinned);
+  } catch (...) {
+  }
+  delete c;
+}
+
+void destroyWork(sfn_work* w) {
+  if (w->ready) cudaEventDestroy(w->ready);
+  if (w->done) cudaEventDestroy(w->done);
+  delete w;
+}
+
+int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int32_t dtype, double prescale,
+                       double postscale, sfn_work** out, sfn_error* err) {
+  return entry(err, [&] {
+    checkAlive(c);
+    sfn_device* d = c->dev;
+    DeviceGuard guard(d->device);
+    const ncclDataType_t type = ncclType(dtype);
+    auto* w = new sfn_work;
+    w->comm = c;
+    w->bytes = numel * int64_t(sfsync::dtypeSize(dtype));
+    try {
+      checkCuda(cudaEventCreateWithFlags(&w->ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      checkCuda(cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      // P waits for everything the host queued on H so far.
+      checkCuda(cudaEventRecord(w->ready, d->host), "cudaEventRecord (host stream)");
+      checkCuda(cudaStreamWaitEvent(d->stream, w->ready, 0), "cudaStreamWaitEvent (plugin stream)");
+
+      const auto choice = sfsync::nccl::chooseReduction(prescale, postscale, c->world);
+      ncclRedOp_t op = ncclSum;
+      bool custom = false;
+      if (choice.kind == sfsync::nccl::Reduction::kAverage) {
+        op = ncclAvg;
+      } else if (choice.kind == sfsync::nccl::Reduction::kPreMulSum) {
+        Scalar s = scalarOf(choice.factor, dtype);
+        const ncclResult_t r = ncclRedOpCreatePreMulSum(&op, &s, type, ncclScalarHostImmediate, c->comm);
+        if (r != ncclSuccess) {
+          throw Failure{SF_ERR_BACKEND, "ncclRedOpCreatePreMulSum failed: " + ncclText(c->comm, r)};
+        }
+        custom = true;
+      }
+      const ncclResult_t r = ncclAllReduce(data, data, size_t(numel), type, op, c->comm, d->stream);
+      if (custom) ncclRedOpDestroy(op, c->comm);  // allowed once the call that uses it returned
+      settle(c, r, "ncclAllReduce", c->timeoutMs);
+      checkCuda(cudaEventRecord(w->done, d->stream), "cudaEventRecord (plugin stream)");
+    } catch (...) {
+      destroyWork(w);
+      throw;
+    }
+    *out = w;
+  });
+}
+
+int32_t workWait(sfn_work* w, int64_t timeoutMs, sfn_error* err) {
+  const int32_t status = entry(err, [&] {
+    sfn_comm* c = w->comm;
+    checkAlive(c);
+    DeviceGuard guard(c->dev->device);
+    waitEvent(c, w->done, timeoutMs, "NCCL all-reduce of " + std::to_string(w->bytes) + " bytes");
+    // The host's stream reads the result only after it is there (already
+    // true for the CPU now, but the order must hold on the GPU too).
+    checkCuda(cudaStreamWaitEvent(c->dev->host, w->done, 0), "cudaStreamWaitEvent (host stream)");
+  });
+  destroyWork(w);
+  return status;
+}
+
+int32_t allreduceMaxInt64(sfn_comm* c, int64_t* data, int64_t n, int64_t timeoutMs, sfn_error* err) {
+  return entry(err, [&] {
+    checkAlive(c);
+    if (n <= 0) return;
+    sfn_device* d = c->dev;
+    DeviceGuard guard(d->device);
+    if (n > c->intCap) {
+      if (c->ints) cudaFree(c->ints);
+      if (c->pinned) cudaFreeHost(c->pinned);
+      c->ints = nullptr;
+      c->pinned = nullptr;
+      c->intCap = 0;
+      checkCuda(cudaMalloc(reinterpret_cast<void**>(&c->ints), size_t(n) * 8), "cudaMalloc");
+      // Pinned, so that the copies are truly asynchronous and the wait below
+      // (with its timeout) is the only place that waits.
+      checkCuda(cudaMallocHost(reinterpret_cast<void**>(&c->pinned), size_t(n) * 8), "cudaMallocHost");
+      c->intCap = n;
+    }
+    std::memcpy(c->pinned, data, size_t(n) * 8);
+    cudaEvent_t done = nullptr;
+    checkCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    try {
+      checkCuda(cudaMemcpyAsync(c->ints, c->pinned, size_t(n) * 8, cudaMemcpyHostToDevice, d->stream),
+                "cudaMemcpyAsync");
+      const ncclResult_t r = ncclAllReduce(c->ints, c->ints, size_t(n), ncclInt64, ncclMax, c->comm, d->stream);
+      settle(c, r, "ncclAllReduce (layout check)", timeoutMs);
+      checkCuda(cudaMemcpyAsync(c->pinned, c->ints, size_t(n) * 8, cudaMemcpyDeviceToHost, d->stream),
+                "cudaMemcpyAsync");
+      checkCuda(cudaEventRecord(done, d->stream), "cudaEventRecord");
+      waitEvent(c, done, timeoutMs, "NCCL all-reduce of the gradient layout check");
+    } catch (...) {
+      cudaEventDestroy(done);
+      throw;
+    }
+    cudaEventDestroy(done);
+    std::memcpy(data, c->pinned, size_t(n) * 8);
+  });
+}
+
+const sfn_api kApi = {
+    SFN_ABI_VERSION,
+    sizeof(sfn_api),
+    probe,
+    deviceOpen,
+    deviceClose,
+    setHostStream,
+    memAlloc,
+    memFree,
+    memCopy,
+    memZero,
+    checkPointer,
+    uniqueId,
+    commInit,
+    commQuery,
+    commAdopt,
+    commFree,
+    allreduceStart,
+    workWait,
+    allreduceMaxInt64,
+};
+
+}  // namespace
+
+SFN_EXPORT const sfn_api* sf_nccl_module_api(uint32_t abi_version) {
+  return abi_version == SFN_ABI_VERSION ? &kApi : nullptr;
+}

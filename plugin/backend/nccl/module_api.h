@@ -1,0 +1,110 @@
+/*
+ * The interface between libsfsync.so and its NCCL backend module,
+ * libsfsync_nccl.so: one table of plain C functions. libsfsync.so links
+ * neither CUDA nor NCCL; it dlopens the module (which links libcudart.so.13
+ * and libnccl.so.2) only when CUDA gradients or backend = nccl are asked for.
+ *
+ * Nothing but C types crosses: every function returns an sf_status (SF_OK or
+ * an SF_ERR_* code of sfsync.h) and, on failure, writes a NUL-terminated
+ * message into `err`. No C++ exception or type crosses (typeinfo differs
+ * between the two hidden-visibility libraries). CUDA streams and NCCL
+ * communicators travel as void*.
+ *
+ * Threads: a device and its communicator may be used from several threads,
+ * but not concurrently (libsfsync.so serializes calls per context).
+ */
+#ifndef SFSYNC_NCCL_MODULE_API_H
+#define SFSYNC_NCCL_MODULE_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SFN_ABI_VERSION 1
+#define SFN_UNIQUE_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
+#define SFN_ENTRY_POINT "sf_nccl_module_api"
+
+typedef struct sfn_error {
+  char message[1024];
+} sfn_error;
+
+/* One GPU as sfsync uses it: the plugin's own (non-blocking) stream, the
+ * host's stream (default: the legacy default stream), memory operations. */
+typedef struct sfn_device sfn_device;
+/* An NCCL communicator on a device, created here or adopted from the host. */
+typedef struct sfn_comm sfn_comm;
+/* One collective in flight. */
+typedef struct sfn_work sfn_work;
+
+typedef struct sfn_api {
+  uint32_t abi_version; /* SFN_ABI_VERSION */
+  uint32_t struct_size; /* sizeof(sfn_api) of the module */
+
+  /* CUDA runtime and NCCL versions and the number of visible GPUs.
+   * SF_ERR_UNSUPPORTED, naming the CUDA error, if none can be used. */
+  int32_t (*probe)(int32_t* device_count, int32_t* cuda_runtime_version,
+                   int32_t* nccl_version, sfn_error* err);
+
+  /* Open `device`: creates the plugin's stream. */
+  int32_t (*device_open)(int32_t device, sfn_device** out, sfn_error* err);
+  /* Waits for nothing; the device's collectives must be finished. */
+  void (*device_close)(sfn_device* dev);
+  /* The stream (cudaStream_t, NULL = legacy default stream) on which the host
+   * produces and reads gradients. */
+  void (*set_host_stream)(sfn_device* dev, void* stream);
+
+  /* Device memory of `bytes` bytes, zeroed when this returns. */
+  int32_t (*mem_alloc)(sfn_device* dev, size_t bytes, void** out, sfn_error* err);
+  void (*mem_free)(sfn_device* dev, void* p);
+  /* Ordered on the host's stream: after what the host queued, before what
+   * it queues next and before the next collective's start. */
+  int32_t (*mem_copy)(sfn_device* dev, void* dst, const void* src, size_t bytes, sfn_error* err);
+  int32_t (*mem_zero)(sfn_device* dev, void* p, size_t bytes, sfn_error* err);
+  /* SF_ERR_INVALID_ARGUMENT unless `p .. p + bytes` is memory of `dev`. */
+  int32_t (*check_pointer)(sfn_device* dev, const void* p, size_t bytes, sfn_error* err);
+
+  /* ncclGetUniqueId. */
+  int32_t (*unique_id)(uint8_t id[SFN_UNIQUE_ID_BYTES], sfn_error* err);
+  /* ncclCommInitRankConfig (non-blocking), bounded by timeout_ms: on expiry
+   * the communicator is aborted and SF_ERR_TIMEOUT returned. */
+  int32_t (*comm_init)(sfn_device* dev, const uint8_t id[SFN_UNIQUE_ID_BYTES], int32_t world_size,
+                       int32_t rank, int64_t timeout_ms, sfn_comm** out, sfn_error* err);
+  /* Rank, size and device of a host's ncclComm_t, without adopting it. */
+  int32_t (*comm_query)(void* nccl_comm, int32_t* world_size, int32_t* rank, int32_t* device,
+                        sfn_error* err);
+  /* Use the host's communicator; comm_free never destroys it. */
+  int32_t (*comm_adopt)(sfn_device* dev, void* nccl_comm, int64_t timeout_ms, sfn_comm** out,
+                        sfn_error* err);
+  /* Destroys an own communicator (aborts it if it failed); an adopted one
+   * is left to the host unless a timeout aborted it. */
+  void (*comm_free)(sfn_comm* comm);
+
+  /* In-place all-reduce of `numel` elements (sf_dtype) at `data` on the
+   * plugin's stream, after everything the host queued on its stream so far:
+   * average (ncclAvg) when postscale == 1/world_size and prescale == 1, sum
+   * when both are 1, else a pre-multiplied sum by prescale * postscale. */
+  int32_t (*allreduce_start)(sfn_comm* comm, void* data, int64_t numel, int32_t dtype,
+                             double prescale, double postscale, sfn_work** out, sfn_error* err);
+  /* Wait (polling, never blocking the device) until the work is done, then
+   * order the host's stream after it. An NCCL asynchronous error or the
+   * timeout aborts the communicator (SF_ERR_BACKEND / SF_ERR_TIMEOUT).
+   * Frees the work in every case. */
+  int32_t (*work_wait)(sfn_work* work, int64_t timeout_ms, sfn_error* err);
+
+  /* Blocking elementwise max of `n` int64 values in host memory. */
+  int32_t (*allreduce_max_int64)(sfn_comm* comm, int64_t* data, int64_t n, int64_t timeout_ms,
+                                 sfn_error* err);
+} sfn_api;
+
+/* The module's one exported function: its table, or NULL if it does not
+ * provide `abi_version`. */
+typedef const sfn_api* (*sfn_entry_fn)(uint32_t abi_version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SFSYNC_NCCL_MODULE_API_H */

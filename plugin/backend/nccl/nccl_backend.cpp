@@ -1,0 +1,215 @@
+#include "plugin/backend/nccl/nccl_backend.h"
+
+#include <cstring>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+#include "plugin/backend/nccl/module_loader.h"
+#include "plugin/core/error.h"
+#include "plugin/rendezvous/store_factory.h"
+
+namespace sfsync {
+
+namespace {
+
+constexpr const char* kUniqueIdKey = "nccl_unique_id";
+
+class NcclWork : public Work {
+ public:
+  NcclWork(const sfn_api& api, sfn_work* work, int64_t timeoutMs)
+      : api_(api), work_(work), timeoutMs_(timeoutMs) {}
+  ~NcclWork() override {
+    if (work_) {
+      sfn_error err;
+      api_.work_wait(work_, timeoutMs_, &err);  // frees it; errors were someone else's to see
+    }
+  }
+  void wait() override {
+    sfn_work* w = work_;
+    work_ = nullptr;
+    if (!w) return;
+    sfn_error err;
+    const int32_t status = api_.work_wait(w, timeoutMs_, &err);
+    if (status != SF_OK) throw Error(status, err.message);
+  }
+
+ private:
+  const sfn_api& api_;
+  sfn_work* work_;
+  int64_t timeoutMs_;
+};
+
+}  // namespace
+
+void checkNcclAvailable() {
+  const sfn_api& api = ncclModule();
+  sfn_error err;
+  int32_t devices = 0, cudaVersion = 0, ncclVersion = 0;
+  const int32_t status = api.probe(&devices, &cudaVersion, &ncclVersion, &err);
+  if (status != SF_OK) fail(status, std::string("nccl: ") + err.message);
+}
+
+NcclBackend::NcclBackend(const sf_options& opts) : opts_(opts), api_(ncclModule()) {
+  sfn_error err;
+  int32_t cudaVersion = 0, ncclVersion = 0;
+  check(api_.probe(&deviceCount_, &cudaVersion, &ncclVersion, &err), err);
+}
+
+NcclBackend::~NcclBackend() {
+  if (comm_) api_.comm_free(comm_);
+  if (device_) api_.device_close(device_);
+}
+
+void NcclBackend::check(int32_t status, const sfn_error& err) const {
+  if (status != SF_OK) fail(status, std::string("nccl: ") + err.message);
+}
+
+sfn_device* NcclBackend::device() {
+  if (device_) return device_;
+  if (deviceIndex_ < 0) {
+    if (opts_.local_rank >= deviceCount_) {
+      fail(SF_ERR_INVALID_ARGUMENT, "nccl: local_rank = " + std::to_string(opts_.local_rank) +
+                                        " selects GPU " + std::to_string(opts_.local_rank) +
+                                        ", but only " + std::to_string(deviceCount_) +
+                                        " GPU(s) are visible");
+    }
+    deviceIndex_ = opts_.local_rank;
+  }
+  sfn_error err;
+  check(api_.device_open(deviceIndex_, &device_, &err), err);
+  api_.set_host_stream(device_, hostStream_);
+  return device_;
+}
+
+void NcclBackend::setHostStream(void* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  hostStream_ = stream;
+  if (device_) api_.set_host_stream(device_, stream);
+}
+
+void NcclBackend::adopt(void* ncclComm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (comm_) {
+    fail(SF_ERR_INVALID_STATE, "a communicator is already in use (adopt the host's communicator "
+                               "before the first synchronization)");
+  }
+  int32_t world = 0, rank = 0, dev = 0;
+  sfn_error err;
+  check(api_.comm_query(ncclComm, &world, &rank, &dev, &err), err);
+  if (world != opts_.world_size || rank != opts_.rank) {
+    fail(SF_ERR_INVALID_ARGUMENT, "the adopted communicator has rank " + std::to_string(rank) +
+                                      " of " + std::to_string(world) + ", but this context is rank " +
+                                      std::to_string(opts_.rank) + " of world_size " +
+                                      std::to_string(opts_.world_size));
+  }
+  if (device_ && dev != deviceIndex_) {
+    fail(SF_ERR_INVALID_ARGUMENT, "the adopted communicator is on GPU " + std::to_string(dev) +
+                                      ", but this context's gradients are on GPU " +
+                                      std::to_string(deviceIndex_) +
+                                      " (adopt before registering CUDA gradients, or set local_rank)");
+  }
+  deviceIndex_ = dev;
+  adopted_ = ncclComm;
+}
+
+void NcclBackend::checkDeviceMemory(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sfn_error err;
+  check(api_.check_pointer(device(), p, bytes, &err), err);
+}
+
+void NcclBackend::connect() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (comm_) return;
+  sfn_device* dev = device();
+  sfn_error err;
+  if (adopted_) {
+    check(api_.comm_adopt(dev, adopted_, opts_.timeout_ms, &comm_, &err), err);
+    return;
+  }
+  uint8_t id[SFN_UNIQUE_ID_BYTES];
+  if (opts_.rank == 0) check(api_.unique_id(id, &err), err);
+  if (opts_.world_size > 1) {
+    // The unique id travels through the same rendezvous as Gloo's.
+    store_ = openStore(opts_);
+    try {
+      if (opts_.rank == 0) {
+        store_->set(kUniqueIdKey, std::vector<char>(id, id + SFN_UNIQUE_ID_BYTES));
+      } else {
+        store_->wait({kUniqueIdKey}, std::chrono::milliseconds(opts_.timeout_ms));
+        const std::vector<char> v = store_->get(kUniqueIdKey);
+        if (v.size() != SFN_UNIQUE_ID_BYTES) {
+          fail(SF_ERR_BACKEND, "nccl: the unique id in the rendezvous store has " +
+                                   std::to_string(v.size()) + " bytes, not " +
+                                   std::to_string(SFN_UNIQUE_ID_BYTES));
+        }
+        std::memcpy(id, v.data(), SFN_UNIQUE_ID_BYTES);
+      }
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      const Error* own = dynamic_cast<const Error*>(&e);
+      const bool timedOut = own ? own->status() == SF_ERR_TIMEOUT
+                                : m.find("imeout") != std::string::npos ||
+                                      m.find("imed out") != std::string::npos;
+      fail(own && !timedOut ? own->status() : timedOut ? SF_ERR_TIMEOUT : SF_ERR_BACKEND,
+           "nccl: rank " + std::to_string(opts_.rank) +
+               (opts_.rank == 0 ? " could not publish" : " did not receive") +
+               " the NCCL unique id through rendezvous '" + std::string(opts_.rendezvous) +
+               "': " + m);
+    }
+  }
+  check(api_.comm_init(dev, id, opts_.world_size, opts_.rank, opts_.timeout_ms, &comm_, &err), err);
+}
+
+std::unique_ptr<Work> NcclBackend::startAllreduce(void* data, int64_t numel, sf_dtype dtype,
+                                                  ReduceSpec spec) {
+  connect();
+  sfn_work* work = nullptr;
+  sfn_error err;
+  check(api_.allreduce_start(comm_, data, numel, dtype, spec.prescale, spec.postscale, &work, &err),
+        err);
+  return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
+}
+
+void NcclBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
+  connect();
+  sfn_error err;
+  check(api_.allreduce_max_int64(comm_, data, n, opts_.timeout_ms, &err), err);
+}
+
+void NcclBackend::barrierQuietly() noexcept {
+  // A tiny collective so that no rank destroys its communicator while a peer
+  // still needs it; bounded, errors ignored (the context is going away).
+  if (!comm_ || barrierDone_) return;
+  barrierDone_ = true;
+  int64_t x = 0;
+  sfn_error err;
+  api_.allreduce_max_int64(comm_, &x, 1, std::min<int64_t>(opts_.timeout_ms, 10000), &err);
+}
+
+void* NcclBackend::allocate(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  void* p = nullptr;
+  sfn_error err;
+  check(api_.mem_alloc(device(), bytes, &p, &err), err);
+  return p;
+}
+
+void NcclBackend::deallocate(void* p) noexcept {
+  if (device_) api_.mem_free(device_, p);
+}
+
+void NcclBackend::copy(void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sfn_error err;
+  check(api_.mem_copy(device(), dst, src, bytes, &err), err);
+}
+
+void NcclBackend::zero(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sfn_error err;
+  check(api_.mem_zero(device(), p, bytes, &err), err);
+}
+
+}  // namespace sfsync

@@ -1,0 +1,70 @@
+#pragma once
+// The NCCL backend as libsfsync.so sees it: sfsync::Backend over the C table
+// of the module (module_api.h). Responsible for choosing the GPU, meeting the
+// peers (the NCCL unique id travels through the rendezvous store) or adopting
+// the host's communicator, and turning module statuses into sfsync::Error.
+// Not responsible for CUDA or NCCL calls: those live in the module only.
+
+#include <memory>
+#include <mutex>
+
+#include "plugin/backend/backend.h"
+#include "plugin/backend/nccl/module_api.h"
+
+namespace gloo {
+namespace rendezvous {
+class Store;
+}
+}  // namespace gloo
+
+namespace sfsync {
+
+// Loads the module and probes for a GPU; throws SF_ERR_UNSUPPORTED saying
+// what is missing (sf_backend_available).
+void checkNcclAvailable();
+
+class NcclBackend : public Backend {
+ public:
+  // Loads the module and checks that a GPU is visible: SF_ERR_UNSUPPORTED
+  // (naming the missing library or the CUDA error) otherwise.
+  explicit NcclBackend(const sf_options& opts);
+  ~NcclBackend() override;
+
+  const char* name() const override { return "nccl"; }
+  void connect() override;
+  std::unique_ptr<Work> startAllreduce(void* data, int64_t numel, sf_dtype dtype,
+                                       ReduceSpec spec) override;
+  void allreduceMaxInt64(int64_t* data, int64_t n) override;
+  void barrierQuietly() noexcept override;
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p) noexcept override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void zero(void* p, size_t bytes) override;
+
+  // The host's cudaStream_t (NULL: the legacy default stream).
+  void setHostStream(void* stream);
+  // Use the host's ncclComm_t from now on (before the first collective);
+  // checks its rank, size and device against the options.
+  void adopt(void* ncclComm);
+  // SF_ERR_INVALID_ARGUMENT unless [p, p + bytes) is memory of this rank's GPU.
+  void checkDeviceMemory(const void* p, size_t bytes);
+
+ private:
+  sfn_device* device();  // opened on first use; mutex_ held
+  void check(int32_t status, const sfn_error& err) const;
+
+  const sf_options opts_;
+  const sfn_api& api_;
+  int32_t deviceCount_ = 0;
+  std::mutex mutex_;
+  void* hostStream_ = nullptr;
+  void* adopted_ = nullptr;
+  int32_t deviceIndex_ = -1;  // local_rank, or the adopted communicator's device
+  sfn_device* device_ = nullptr;
+  sfn_comm* comm_ = nullptr;
+  bool barrierDone_ = false;
+  std::shared_ptr<gloo::rendezvous::Store> store_;  // kept for peers still reading the id
+};
+
+}  // namespace sfsync
