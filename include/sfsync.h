@@ -286,6 +286,79 @@ SF_API sf_status sf_get_stats(const sf_context* ctx, sf_stats* out);
 SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
                                 int64_t* gradient_count, sf_dtype* dtype);
 
+/* ---- CUDA / NCCL --------------------------------------------------------
+ *
+ * CUDA gradients (SF_DEVICE_CUDA: device pointers the host registers, or the
+ * plugin's flat device buffer from sf_add_gradient) are reduced with NCCL,
+ * through the same calls, window rules and bucket plan as host gradients.
+ * libsfsync.so links no CUDA or NCCL library: the first call that needs them
+ * (registering a CUDA gradient, sf_adopt_nccl_comm, sf_backend_available for
+ * NCCL) loads the module libsfsync_nccl.so from the directory of
+ * libsfsync.so (or the file named by the environment variable
+ * SF_NCCL_MODULE), which needs libcudart.so.13 and libnccl.so.2 on the
+ * library path. Where they are missing, or no GPU is visible, those calls
+ * return SF_ERR_UNSUPPORTED and sf_last_error() says which; host gradients
+ * keep working with Gloo.
+ *
+ * Rank r uses GPU local_rank (or the adopted communicator's GPU). Without an
+ * adopted communicator one is made with ncclCommInitRankConfig from a unique
+ * id that rank 0 publishes through the rendezvous (file://, env://,
+ * memory://, redis://), on the first synchronization.
+ *
+ * Ordering: collectives run on the plugin's own CUDA stream. A bucket's
+ * all-reduce starts on the GPU after everything the host queued on its
+ * stream (sf_set_cuda_stream) before the call that launched it (sf_grad_ready
+ * or sf_synchronize); sf_synchronize returns once the results are there and
+ * makes the host's stream wait for them, so kernels queued on it afterwards
+ * read reduced gradients. Copies into and out of staging buffers (for
+ * host-registered device pointers) and sf_zero_gradients run on the host's
+ * stream. The CPU waits by polling events: the plugin never synchronizes the
+ * device or the host's stream. A collective that does not finish within
+ * timeout_ms aborts the communicator (ncclCommAbort) and returns
+ * SF_ERR_TIMEOUT; an NCCL asynchronous error (ncclCommGetAsyncError) aborts
+ * it and returns SF_ERR_BACKEND with NCCL's message. Averages use ncclAvg,
+ * SF_REDUCE_PRESCALED_SUM one ncclRedOpCreatePreMulSum operator;
+ * float32, float64, float16 and bfloat16 are reduced natively.
+ */
+
+/**
+ * Whether `backend` can be used in this process: SF_OK, or
+ * SF_ERR_UNSUPPORTED with sf_last_error() naming what is missing (the module
+ * or a library it needs, with the loader's message; the CUDA error of
+ * cudaGetDeviceCount, e.g. an insufficient driver; no visible GPU).
+ * SF_BACKEND_GLOO and SF_BACKEND_AUTO are always available; SF_BACKEND_NCCL
+ * loads the module and the CUDA runtime (nothing else does, for host
+ * gradients). SF_ERR_INVALID_ARGUMENT for a value that is not an sf_backend.
+ * Thread-safe. Since 0.1.
+ */
+SF_API sf_status sf_backend_available(sf_backend backend);
+
+/**
+ * Set the CUDA stream (a cudaStream_t passed as void*; NULL, the default, is
+ * the legacy default stream) on which the host produces and reads this
+ * context's CUDA gradients. See "Ordering" above. The stream stays the
+ * host's; it must outlive its use here. Loads nothing. SF_ERR_INVALID_STATE
+ * while bucket collectives started by sf_grad_ready are in flight (change it
+ * between windows). Since 0.1.
+ */
+SF_API sf_status sf_set_cuda_stream(sf_context* ctx, void* stream);
+
+/**
+ * Use the host's NCCL communicator (an ncclComm_t passed as void*: from
+ * cudarc, NCCL.jl, a C++ trainer) for this context's CUDA gradients instead
+ * of making one; no rendezvous is done for NCCL. Its rank and size must be
+ * the context's rank and world_size (else SF_ERR_INVALID_ARGUMENT), and its
+ * GPU becomes the context's: call before registering CUDA gradients. Call
+ * before the first synchronization, else SF_ERR_INVALID_STATE. The host keeps
+ * ownership: sf_destroy never destroys it, and the host must not destroy it
+ * before sf_destroy. The host must not use it from another thread while a
+ * collective of this context is being launched. A collective that times out
+ * or fails asynchronously aborts it (its kernels could not finish
+ * otherwise): after such an error the host must not use it again.
+ * SF_ERR_UNSUPPORTED where NCCL cannot be used or backend = gloo. Since 0.1.
+ */
+SF_API sf_status sf_adopt_nccl_comm(sf_context* ctx, void* comm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -207,3 +207,30 @@ sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
 }
 
 }  // extern "C"
+
+// ---- CUDA / NCCL --------------------------------------------------------------
+
+#include "plugin/backend/nccl/nccl_backend.h"
+
+extern "C" {
+
+sf_status sf_backend_available(sf_backend backend) {
+  return guard("sf_backend_available", [&] {
+    if (backend == SF_BACKEND_NCCL) {
+      sfsync::checkNcclAvailable();
+    } else if (backend != SF_BACKEND_AUTO && backend != SF_BACKEND_GLOO) {
+      fail(SF_ERR_INVALID_ARGUMENT, "backend = " + std::to_string(backend) +
+                                        " is not an sf_backend (0 auto, 1 gloo, 2 nccl)");
+    }
+  });
+}
+
+sf_status sf_set_cuda_stream(sf_context* ctx, void* stream) {
+  return guard("sf_set_cuda_stream", [&] { checked(ctx).setCudaStream(stream); });
+}
+
+sf_status sf_adopt_nccl_comm(sf_context* ctx, void* comm) {
+  return guard("sf_adopt_nccl_comm", [&] { checked(ctx).adoptNcclComm(comm); });
+}
+
+}  // extern "C"
