@@ -87,7 +87,11 @@ struct CUstream_st {
       }
     });
   }
-  ~CUstream_st() {
+  // Runs what is queued, then stops the worker. The object itself is never
+  // freed: events and other streams' waits may still refer to it, as CUDA
+  // allows (a destroyed stream's pending work completes), and a stopped
+  // stream's completed == enqueued answers them all.
+  void shutdown() {
     {
       std::lock_guard<std::mutex> lock(m);
       stop = true;
@@ -229,7 +233,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     return ret(cudaErrorInvalidResourceHandle);
   }
-  delete s;  // runs what is queued, then joins
+  s->shutdown();  // runs what is queued, then joins; the object stays (see shutdown)
   return cudaSuccess;
 }
 
