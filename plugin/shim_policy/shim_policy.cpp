@@ -295,6 +295,14 @@ bool ShimPolicy::finish() {
   if (finished_) return !(config_.strict && !counters_.unsynchronizedWindows.empty());
   finished_ = true;
   if (pending_) reportUnsynchronized("before exit");
+  if (mode_ == Mode::kAutomatic && tracker_.state() == PassTracker::State::kLearning &&
+      counters_.gradientCallsSent > 0) {
+    say("SF_ACCUMULATION_STEPS=" + std::to_string(config_.accumulationSteps) + ": " +
+        std::to_string(counters_.gradientCallsSent) +
+        " gradient all-reduces, but no per-pass pattern learned (it takes " +
+        std::to_string(PassTracker::kCopies + 1) +
+        " backward passes): every call was passed through");
+  }
   if (!config_.reportPath.empty()) {
     const std::string path = reportPath();
     std::ofstream f(path, std::ios::trunc);

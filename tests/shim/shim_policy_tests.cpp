@@ -290,6 +290,17 @@ BOOST_AUTO_TEST_CASE(automatic_mode_reports_a_window_unfinished_at_exit) {
   BOOST_TEST(h.said("window 3 ended with 4 deferred gradient all-reduces (6000 bytes)") == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(automatic_mode_says_at_exit_when_it_never_learned) {
+  Harness h(config(100, 2));
+  std::vector<sf_shim_action> a;
+  for (int p = 1; p <= 4; ++p) ddpPass(h, p, &a);
+  for (const auto x : a) BOOST_TEST(x == SF_SHIM_PASS);
+  BOOST_TEST(h.lines.empty());
+  BOOST_TEST(h.policy->finish());
+  BOOST_TEST(h.said("SF_ACCUMULATION_STEPS=2: 7 gradient all-reduces, but no per-pass pattern "
+                    "learned (it takes 5 backward passes)") == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(automatic_mode_gives_up_once_and_then_passes_everything) {
   Harness h(config(100, 2));
   std::vector<sf_shim_action> a;
