@@ -119,3 +119,6 @@ endif()
 add_test(NAME shim_bench_smoke COMMAND sfsync-shim-bench --iterations 2000 --repeats 1)
 set_tests_properties(shim_bench_smoke PROPERTIES LABELS "shim;bench" TIMEOUT 60
   PASS_REGULAR_EXPRESSION "interposed, deferred: float sum in a window.*interposed, deferred: float sum in a window")
+add_test(NAME shim_bench_smoke_automatic COMMAND sfsync-shim-bench --automatic --iterations 2000 --repeats 1)
+set_tests_properties(shim_bench_smoke_automatic PROPERTIES LABELS "shim;bench" TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "\"state\": \"tracking\", \"pass_bytes\": 128, \"calls_per_pass\": 2")
