@@ -248,6 +248,10 @@ int run(const Args& a, int rank, const ncclUniqueId& id) {
     report(json.data(), int64_t(json.size()), nullptr);
     const std::string s(json.data());
     if (s != "{}") {
+      const size_t b = s.find("\"calls\""), e = s.find(",\n \"windows\"");
+      if (b != std::string::npos && e != std::string::npos) {
+        std::printf("rank %d: shim: %s\n", rank, s.substr(b, e - b).c_str());
+      }
       const std::string want = "\"deferred\": " + std::to_string(deferredCalls) + ",";
       CHECK(s.find(want) != std::string::npos, "shim report lacks %s: %s", want.c_str(), s.c_str());
       CHECK(s.find("\"unsynchronized_windows\": []") != std::string::npos,
