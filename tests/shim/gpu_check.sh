@@ -9,18 +9,23 @@
 # a single-process reference, and the shim's count of deferred calls.
 #
 #   tests/shim/gpu_check.sh [build-dir]      (default: build-gpu)
+# The build dir may be tests/gpu/run.sh's (any configuration: the targets
+# needed here do not depend on SF_BUILD_TESTS); it is configured (without
+# tests or samples) only if it has no CMakeCache.txt yet.
 # SF_GPU_CHECK_STANDIN=1 runs the same on the stand-ins (a check of this
-# script on machines without a GPU).
+# script on machines without a GPU; the build dir must have built them).
+# Exit: 0 passed, 1 a run failed, 2 the build failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-gpu}
 
-if [ ! -x "$build/shim/sfsync_shim_nccl_host" ] || [ ! -f "$build/shim/libsfsync_shim.so" ]; then
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$build.cmake.log" 2>&1 ||
-    { tail -20 "$build.cmake.log"; exit 1; }
-  make -C "$build" -j"$(nproc)" sfsync sfsync_shim sfsync_shim_nccl_host > "$build.make.log" 2>&1 ||
-    { tail -30 "$build.make.log"; exit 1; }
+log=$(mktemp /tmp/sfsync-shim-gpu-build.XXXXXX)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSF_BUILD_TESTS=OFF \
+    -DSF_BUILD_SAMPLES=OFF > "$log" 2>&1 || { tail -20 "$log"; exit 2; }
 fi
+cmake --build "$build" -j "$(nproc)" --target sfsync sfsync_shim sfsync_shim_nccl_host \
+  > "$log" 2>&1 || { tail -30 "$log"; echo "gpu_check: build failed ($log)"; exit 2; }
 host=$build/shim/sfsync_shim_nccl_host
 shim=$build/shim/libsfsync_shim.so
 

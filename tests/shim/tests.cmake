@@ -86,21 +86,12 @@ else()
 endif()
 
 # ---- A C++ host calling NCCL itself, on the NCCL stand-in --------------------
-find_package(CUDAToolkit QUIET)
-find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-find_library(NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
-if(NOT CUDAToolkit_FOUND OR NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
-  message(STATUS "shim: no CUDA toolkit with NCCL: no NCCL host tests")
-else()
+# (the program is defined by nccl_host.cmake)
+if(TARGET sfsync_shim_nccl_host)
   if(NOT TARGET sfsync_standin_nccl)
     add_subdirectory(${PROJECT_SOURCE_DIR}/tests/standin ${PROJECT_BINARY_DIR}/tests/standin)
   endif()
-  # Linked against the real CUDA runtime and NCCL, as any host; the stand-ins
-  # replace them through LD_LIBRARY_PATH here, nothing does on a GPU machine.
-  add_executable(sfsync_shim_nccl_host ${SF_SHIM_TESTS}/nccl_host.cpp)
-  target_include_directories(sfsync_shim_nccl_host SYSTEM PRIVATE ${NCCL_INCLUDE_DIR})
-  target_compile_options(sfsync_shim_nccl_host PRIVATE -Wall -Wextra)
-  target_link_libraries(sfsync_shim_nccl_host PRIVATE sfsync CUDA::cudart ${NCCL_LIBRARY} ${CMAKE_DL_LIBS})
+  # The stand-ins replace the real CUDA runtime and NCCL through LD_LIBRARY_PATH.
   set(standin "LD_LIBRARY_PATH=${SF_STANDIN_LIB_DIR}")
   foreach(case calls auto none)
     add_test(NAME shim_nccl_standin_${case}
