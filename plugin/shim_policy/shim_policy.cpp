@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -167,9 +168,11 @@ sf_shim_decision ShimPolicy::decideExplicit(const sf_shim_call& c) {
             "no default context, so no accumulation windows: passing every call through");
     return passGradient(c, 0);
   }
-  // The state before the count: a reader that sees the window open also sees
-  // its number (Context::windowsBegun).
+  // The state before the count, with an acquire fence between (the flag's
+  // load is relaxed): a reader that sees the window open also sees its
+  // number, counted before the flag was set (Context::beginAccumulation).
   const bool inside = windows_->inAccumulation();
+  std::atomic_thread_fence(std::memory_order_acquire);
   const int64_t w = windows_->windowsBegun();
   if (enterWindow(w)) {
     sf_shim_decision d{};
