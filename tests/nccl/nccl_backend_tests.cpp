@@ -325,8 +325,15 @@ BOOST_AUTO_TEST_CASE(world1_stream_order_events_and_no_device_synchronization) {
   for (int w = 0; w < 3; ++w) {
     BOOST_TEST_REQUIRE(sf_begin_accumulation(h.ctx) == SF_OK);
     BOOST_TEST_REQUIRE(sf_end_accumulation(h.ctx) == SF_OK);
-    for (int p = 2; p >= 0; --p) BOOST_TEST_REQUIRE(sf_grad_ready(h.ctx, p) == SF_OK, sf_last_error());
+    const int64_t calls = sfStandinNcclCounter("ncclAllReduce");
+    for (int p = 2; p >= 0; --p) {
+      BOOST_TEST_REQUIRE(sf_grad_ready(h.ctx, p) == SF_OK, sf_last_error());
+      // Overlap: each bucket's all-reduce is issued by the grad-ready that
+      // completes it (one gradient per bucket here), not later.
+      BOOST_TEST(sfStandinNcclCounter("ncclAllReduce") - calls == 3 - p);
+    }
     BOOST_TEST_REQUIRE(sf_synchronize(h.ctx) == SF_OK, sf_last_error());
+    BOOST_TEST(sfStandinNcclCounter("ncclAllReduce") - calls == 3);
     BOOST_TEST_REQUIRE(sf_zero_gradients(h.ctx) == SF_OK, sf_last_error());
   }
   BOOST_TEST(sfStandinCudaCounter("cudaStreamWaitEvent") - waits0 == 3 * 2 * buckets);
