@@ -206,14 +206,10 @@ class ErrorMapping(unittest.TestCase):
             self.assert_sf_error(sfsync.InvalidArgumentError, r"^sf_get_options: out is NULL",
                                  L.sf_get_options, ctx.handle, None)
 
-    @unittest.expectedFailure
     def test_failed_add_gradient_registers_nothing(self):
-        """PLUGIN BUG (plugin/api/c_api.cpp): `checked(out_id, "out_id") =
-        c.registerGradient(...)` evaluates the right side first (C++17), so
-        sf_add_gradient / sf_register_gradient with out_id == NULL return
-        SF_ERR_INVALID_ARGUMENT *and* register the gradient. sfsync.Context
-        always passes out_id, so it is not affected. Remove the
-        expectedFailure once the plugin checks out_id first."""
+        """A call that fails changes nothing: sf_add_gradient with out_id ==
+        NULL registers no gradient (the plugin checks out-pointers before
+        any side effect)."""
         L = sfsync.lib()
         with local_context() as ctx:
             with self.assertRaises(sfsync.InvalidArgumentError):
