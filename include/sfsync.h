@@ -264,7 +264,9 @@ typedef struct sf_stats {
   int64_t windows_completed;   /* sf_synchronize calls that succeeded */
   int64_t deferred_passes;     /* full sets of grad-ready reports inside windows */
   int64_t deferred_ready_calls;/* sf_grad_ready calls inside windows */
-  int64_t collectives_issued;  /* gradient collectives (one per bucket per window) */
+  int64_t collectives_issued;  /* gradient collectives (one per bucket per window; at
+                                  world size 1 the per-bucket local reduction,
+                                  which sends nothing, is counted the same way) */
   int64_t early_launches;      /* of those, started by sf_grad_ready before sf_synchronize */
   int64_t bytes_reduced;       /* gradient bytes that went through collectives */
   int64_t bucket_count;        /* 0 until the buckets are built */
