@@ -68,6 +68,7 @@ struct CommState {
   Shared* shared = nullptr;
   char* slots = nullptr;
   std::atomic<bool> aborted{false};
+  std::atomic<int> running{0};  // collectives of this rank executing now
   std::atomic<int> asyncError{ncclSuccess};
   std::mutex errorMutex;
   std::string errorMessage;
@@ -343,12 +344,16 @@ void runBroadcast(Collective& c) {
 
 void CUDART_CB runCollective(void* arg) {
   std::unique_ptr<Collective> c(static_cast<Collective*>(arg));
-  if (!c->comm->stillGoing()) return;
-  if (c->root < 0) {
-    runAllReduce(*c);
-  } else {
-    runBroadcast(*c);
+  CommState& s = *c->comm;
+  s.running.fetch_add(1);  // before the check: an abort that misses us waits for us
+  if (s.stillGoing()) {
+    if (c->root < 0) {
+      runAllReduce(*c);
+    } else {
+      runBroadcast(*c);
+    }
   }
+  s.running.fetch_sub(1);
 }
 
 ncclResult_t enqueue(const char* function, ncclComm_t comm, const void* send, void* recv,
@@ -529,6 +534,9 @@ static ncclResult_t release(ncclComm_t comm, bool abort) {
     int expected = 0;
     state->shared->abortedBy.compare_exchange_strong(expected, state->rank + 1);
     ::shm_unlink(state->name.c_str());
+    // As NCCL's abort: the collectives in flight have stopped when it returns
+    // (they no longer touch the caller's buffers).
+    while (state->running.load() != 0) std::this_thread::yield();
   }
   if (state->initThread.joinable()) state->initThread.join();
   return ncclSuccess;  // queued collectives keep the state alive until they ran
