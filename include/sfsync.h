@@ -302,10 +302,12 @@ SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* b
  * return SF_ERR_UNSUPPORTED and sf_last_error() says which; host gradients
  * keep working with Gloo.
  *
- * Rank r uses GPU local_rank (or the adopted communicator's GPU). Without an
- * adopted communicator one is made with ncclCommInitRankConfig from a unique
- * id that rank 0 publishes through the rendezvous (file://, env://,
- * memory://, redis://), on the first synchronization.
+ * Rank r uses GPU local_rank (or the adopted communicator's GPU); a pointer
+ * registered with SF_DEVICE_CUDA must be device (or managed) memory of that
+ * GPU, else SF_ERR_INVALID_ARGUMENT. Without an adopted communicator one is
+ * made with ncclCommInitRankConfig from a unique id that rank 0 publishes
+ * through the rendezvous (file://, env://, memory://, redis://), on the first
+ * synchronization.
  *
  * Ordering: collectives run on the plugin's own CUDA stream. A bucket's
  * all-reduce starts on the GPU after everything the host queued on its
@@ -315,7 +317,8 @@ SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* b
  * read reduced gradients. Copies into and out of staging buffers (for
  * host-registered device pointers) and sf_zero_gradients run on the host's
  * stream. The CPU waits by polling events: the plugin never synchronizes the
- * device or the host's stream. A collective that does not finish within
+ * device or the host's stream (only sf_destroy frees device memory, and
+ * cudaFree may wait for the device). A collective that does not finish within
  * timeout_ms aborts the communicator (ncclCommAbort) and returns
  * SF_ERR_TIMEOUT; an NCCL asynchronous error (ncclCommGetAsyncError) aborts
  * it and returns SF_ERR_BACKEND with NCCL's message. Averages use ncclAvg,
