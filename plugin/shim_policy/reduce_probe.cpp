@@ -12,25 +12,37 @@ namespace {
 
 // Exact in float16 and bfloat16 as well as in float32/64, and so are their
 // sums; a product, max, min or an integer sum of these bit patterns differs
-// in at least one element.
-constexpr std::array<double, 4> kA = {1.5, -2.25, 3.0, 0.5};
-constexpr std::array<double, 4> kB = {2.25, 1.0, -0.75, 8.0};
+// in at least one element. All magnitudes are below 2 and no pair holds two
+// negatives, so the bit patterns, read as signed integers of the same width,
+// add without overflow: probing a host's integer sum is well defined. (An
+// integer product of them may overflow: there, as on every machine these
+// libraries run on, it wraps.)
+constexpr std::array<double, 4> kA = {1.5, -0.75, 1.25, 0.5};
+constexpr std::array<double, 4> kB = {0.25, 1.0, -0.5, 1.75};
+
+// Room for 4 elements of up to 8 bytes: a function whose element is wider
+// than the size the host declared (a host bug) still stays in bounds.
+struct alignas(16) ProbeBuffer {
+  unsigned char bytes[4 * 8];
+};
 
 template <typename T, typename Encode>
 bool sumsAs(const ReduceFunction& fn, Encode encode) {
-  std::array<T, 4> a, b, expected, out;
+  ProbeBuffer a{}, b{}, out;
+  std::array<T, 4> expected;
+  std::memset(out.bytes, 0x5a, sizeof out.bytes);
   for (size_t i = 0; i < 4; ++i) {
-    a[i] = encode(kA[i]);
-    b[i] = encode(kB[i]);
+    const T x = encode(kA[i]), y = encode(kB[i]);
+    std::memcpy(a.bytes + i * sizeof(T), &x, sizeof(T));
+    std::memcpy(b.bytes + i * sizeof(T), &y, sizeof(T));
     expected[i] = encode(kA[i] + kB[i]);
-    std::memset(&out[i], 0x5a, sizeof(T));
   }
   try {
-    fn(out.data(), a.data(), b.data(), 4);
+    fn(out.bytes, a.bytes, b.bytes, 4);
   } catch (...) {
     return false;
   }
-  return std::memcmp(out.data(), expected.data(), sizeof out) == 0;
+  return std::memcmp(out.bytes, expected.data(), sizeof expected) == 0;
 }
 
 }  // namespace
