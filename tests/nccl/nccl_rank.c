@@ -36,13 +36,14 @@ int main(void) {
   void* data[NGRAD];
   void* own[NGRAD] = {NULL, NULL, NULL, NULL};
   float* upload[NGRAD][4]; /* per micro-batch, alive until the window ends */
-  float* result;
+  float* result = NULL;
   int rank, world, w, m, p, bad = 0, stop_after = -1;
   int64_t i, id;
   sf_status st = SF_OK;
   const char* stop = getenv("SF_TEST_STOP_AFTER_WINDOW");
   cudaError_t ce;
 
+  memset(upload, 0, sizeof upload);
   if (sf_options_init(&o, sizeof o) != SF_OK) {
     fprintf(stderr, "sf_options_init: %s\n", sf_last_error());
     return 2;
@@ -124,7 +125,10 @@ int main(void) {
           ++bad;
         }
       }
-      for (m = 0; m < n; ++m) free(upload[p][m]);
+      for (m = 0; m < n; ++m) {
+        free(upload[p][m]);
+        upload[p][m] = NULL;
+      }
     }
   }
 
@@ -137,6 +141,9 @@ done:
          (long long)stats.collectives_issued, (long long)stats.early_launches);
   fflush(stdout);
   sf_destroy(ctx);
+  free(result);
+  for (p = 0; p < NGRAD; ++p)
+    for (m = 0; m < 4; ++m) free(upload[p][m]);
   for (p = 0; p < NGRAD; ++p) cudaFree(own[p]);
   if (stream) cudaStreamDestroy(stream);
   if (st != SF_OK) return 3;
