@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "plugin/core/context.h"
@@ -280,6 +281,30 @@ BOOST_AUTO_TEST_CASE(automatic_mode_never_defers_the_last_pass_of_a_window) {
     BOOST_TEST(deferredPasses == expected, "N = " << n);
     BOOST_TEST(h.policy->finish());
   }
+}
+
+BOOST_AUTO_TEST_CASE(two_threads_calling_one_pass_get_one_decision) {
+  // ProcessGroupGloo runs a pass's bucket all-reduces on two worker threads.
+  Harness h(config(100, 4));
+  for (int p = 1; p <= 40; ++p) {
+    sf_shim_action a1 = -1, a2 = -1;
+    if (p == 1) {
+      a1 = a2 = h.act(grad(3000, reinterpret_cast<const void*>(0xa000)));
+    } else {
+      std::thread t1([&] { a1 = h.act(grad(2000, kBuf1)); });
+      std::thread t2([&] { a2 = h.act(grad(1000, kBuf2)); });
+      t1.join();
+      t2.join();
+    }
+    const bool deferred = p > 5 && p % 4 != 0;
+    BOOST_TEST(a1 == (deferred ? SF_SHIM_DEFER : SF_SHIM_PASS), "pass " << p);
+    BOOST_TEST(a2 == a1, "pass " << p);
+  }
+  const auto k = h.policy->counters();
+  BOOST_TEST(k.calls == 1 + 39 * 2);
+  BOOST_TEST(k.deferred == 2 * 26);  // passes 6..40 not divisible by 4
+  BOOST_TEST(h.policy->finish());
+  BOOST_TEST(h.lines.empty());
 }
 
 BOOST_AUTO_TEST_CASE(automatic_mode_reports_a_window_unfinished_at_exit) {
