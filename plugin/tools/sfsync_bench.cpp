@@ -58,7 +58,7 @@ struct Config {
 struct Row {
   Config c{};
   int64_t buckets = 0;
-  double rawMs = 0, bucketedMs = 0, pluginMs = 0;
+  std::vector<double> rawMs, bucketedMs, pluginMs;  // samples
   std::string error;
 };
 
@@ -130,16 +130,12 @@ Row runRank(int rank, int world, const Config& c, int iters, sf_reduce_op op,
   }
   const std::vector<int64_t> whole = {int64_t(rawBuf.size() * 4)};
   rawOnce(whole);
-  std::vector<double> rawMs, bucketedMs, pluginMs;
   for (int i = 0; i < iters; ++i) {
-    rawMs.push_back(rawOnce(whole));
-    bucketedMs.push_back(rawOnce(bucketBytes));
-    pluginMs.push_back(window());
+    row.rawMs.push_back(rawOnce(whole));
+    row.bucketedMs.push_back(rawOnce(bucketBytes));
+    row.pluginMs.push_back(window());
   }
   row.buckets = s.bucket_count;
-  row.rawMs = median(rawMs);
-  row.bucketedMs = median(bucketedMs);
-  row.pluginMs = median(pluginMs);
   sf_destroy(ctx);
   gloo::BarrierOptions b(raw);
   gloo::barrier(b);
@@ -188,7 +184,8 @@ int main(int argc, char** argv) {
       ("sizes-mb", "gradient MiB per window", cxxopts::value<std::vector<double>>()->default_value("1,16,64"))
       ("grads", "gradient counts", cxxopts::value<std::vector<int>>()->default_value("1,64,1024"))
       ("caps-mb", "bucket caps in MiB", cxxopts::value<std::vector<double>>()->default_value("25,4"))
-      ("iters", "timed iterations per configuration", cxxopts::value<int>()->default_value("9"))
+      ("iters", "timed iterations per connection", cxxopts::value<int>()->default_value("9"))
+      ("repeats", "fresh connections per configuration (Gloo's TCP latency can differ per connection)", cxxopts::value<int>()->default_value("3"))
       ("reduce", "average or sum", cxxopts::value<std::string>()->default_value("sum"))
       ("calls", "calls for the window-call cost", cxxopts::value<int64_t>()->default_value("2000000"))
       ("json", "also write JSON lines here", cxxopts::value<std::string>())
@@ -206,9 +203,10 @@ int main(int argc, char** argv) {
   }
   const int ranks = args["ranks"].as<int>();
   const int iters = args["iters"].as<int>();
+  const int repeats = args["repeats"].as<int>();
   const std::string reduce = args["reduce"].as<std::string>();
-  if (ranks < 2 || iters < 1 || (reduce != "sum" && reduce != "average")) {
-    std::cerr << "sfsync-bench: need --ranks >= 2, --iters >= 1, --reduce sum|average" << std::endl;
+  if (ranks < 2 || iters < 1 || repeats < 1 || (reduce != "sum" && reduce != "average")) {
+    std::cerr << "sfsync-bench: need --ranks >= 2, --iters >= 1, --repeats >= 1, --reduce sum|average" << std::endl;
     return 2;
   }
   const sf_reduce_op op = reduce == "sum" ? SF_REDUCE_SUM : SF_REDUCE_AVERAGE;
@@ -224,8 +222,8 @@ int main(int argc, char** argv) {
          << ",\"grad_ready_in_window_ns\":" << costs.gradReadyNs << "}\n";
   }
 
-  std::cout << "reduce=" << reduce << ", " << ranks << " ranks, median of " << iters
-            << " iterations\n"
+  std::cout << "reduce=" << reduce << ", " << ranks << " ranks, median of " << iters << " x "
+            << repeats << " iterations (" << repeats << " fresh connections)\n"
             << std::setw(8) << "MiB" << std::setw(7) << "grads" << std::setw(9) << "cap_MiB"
             << std::setw(9) << "buckets" << std::setw(10) << "raw_ms" << std::setw(14)
             << "raw_bkt_ms" << std::setw(11) << "sfsync_ms" << std::setw(11) << "vs_raw"
@@ -235,18 +233,29 @@ int main(int argc, char** argv) {
     for (int grads : args["grads"].as<std::vector<int>>()) {
       for (double cap : args["caps-mb"].as<std::vector<double>>()) {
         const Config c{size, grads, cap};
-        const std::string tag = "bench-" + std::to_string(::getpid()) + "-" + std::to_string(configIndex++);
-        std::vector<Row> rows(static_cast<size_t>(ranks));
-        std::vector<std::thread> threads;
-        for (int r = 0; r < ranks; ++r) {
-          threads.emplace_back([&, r] { rows[size_t(r)] = runRank(r, ranks, c, iters, op, tag); });
+        Row all;  // rank 0's samples over every repeat
+        for (int rep = 0; rep < repeats; ++rep) {
+          const std::string tag =
+              "bench-" + std::to_string(::getpid()) + "-" + std::to_string(configIndex++);
+          std::vector<Row> rows(static_cast<size_t>(ranks));
+          std::vector<std::thread> threads;
+          for (int r = 0; r < ranks; ++r) {
+            threads.emplace_back([&, r] { rows[size_t(r)] = runRank(r, ranks, c, iters, op, tag); });
+          }
+          for (auto& t : threads) t.join();
+          if (!rows[0].error.empty()) {
+            std::cerr << "sfsync-bench: " << rows[0].error << std::endl;
+            return 1;
+          }
+          all.buckets = rows[0].buckets;
+          for (auto v : {&Row::rawMs, &Row::bucketedMs, &Row::pluginMs}) {
+            (all.*v).insert((all.*v).end(), (rows[0].*v).begin(), (rows[0].*v).end());
+          }
         }
-        for (auto& t : threads) t.join();
-        const Row& row = rows[0];
-        if (!row.error.empty()) {
-          std::cerr << "sfsync-bench: " << row.error << std::endl;
-          return 1;
-        }
+        struct {
+          int64_t buckets;
+          double rawMs, bucketedMs, pluginMs;
+        } row{all.buckets, median(all.rawMs), median(all.bucketedMs), median(all.pluginMs)};
         const double ratio = row.pluginMs / row.rawMs;
         const double ratioBucketed = row.pluginMs / row.bucketedMs;
         std::cout << std::setw(8) << std::setprecision(1) << size << std::setw(7) << grads
