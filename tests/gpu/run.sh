@@ -85,6 +85,19 @@ if [ "$skipped" -eq 0 ] && [ "${gpus:-0}" -ge 2 ]; then
   run world2_own_buffers 2 --windows 8 --own-buffers
 fi
 
+# The LD_PRELOAD shim against the real NCCL: a host calling NCCL itself,
+# without and under libsfsync_shim.so (tests/shim/gpu_check.sh builds its
+# targets in the same build dir).
+if [ "$skipped" -eq 0 ]; then
+  echo "== shim: tests/shim/gpu_check.sh"
+  if "$root/tests/shim/gpu_check.sh" "$build" >"$log/shim.out" 2>&1; then
+    passed+=("shim")
+  else
+    failed+=("shim")
+  fi
+  grep -E '^(==|gpu_check|rank [0-9]+:)' "$log/shim.out" | head -40
+fi
+
 took=$(($(date +%s) - start))
 if [ "$skipped" -ne 0 ]; then
   echo "GPU CHECK SKIPPED: the trainer found no usable GPU (see above); nothing was checked (${took}s)"
