@@ -1,10 +1,13 @@
 #include <boost/test/unit_test.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "plugin/core/error.h"
+#include "plugin/core/options.h"
 #include "plugin/rendezvous/memory_store.h"
+#include "plugin/rendezvous/store_factory.h"
 #include "plugin/rendezvous/tcp_store.h"
 #include "tests/support/processes.h"
 #include "tests/support/thread_ranks.h"
@@ -85,6 +88,30 @@ BOOST_AUTO_TEST_CASE(tcp_store_port_in_use_is_a_backend_error) {
   TcpStore first("127.0.0.1", port, true, milliseconds(2000));
   BOOST_TEST(statusOf([&] { TcpStore second("127.0.0.1", port, true, milliseconds(2000)); }) ==
              SF_ERR_BACKEND);
+}
+
+BOOST_AUTO_TEST_CASE(one_env_store_per_rendezvous_and_rank_while_held) {
+  // Host and CUDA gradients in one context: two backends open the env://
+  // store; rank 0 can listen on MASTER_PORT only once.
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(sftest::freePort()).c_str(), 1);
+  sf_options o;
+  optionsFromEnvironment(o);
+  o.world_size = 2;
+  o.timeout_ms = 2000;
+  std::strcpy(o.rendezvous, "env://");
+  auto gloo = openStore(o);
+  auto nccl = openStore(o);
+  BOOST_TEST(gloo.get() == nccl.get());
+  gloo->set("k", bytes("v"));
+  BOOST_TEST(text(nccl->get("k")) == "v");
+  sf_options other = o;
+  other.rank = 1;  // a thread rank of the same job gets its own client
+  auto client = openStore(other);
+  BOOST_TEST(client.get() != gloo.get());
+  BOOST_TEST(text(client->get("k")) == "v");
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -71,7 +73,9 @@ std::string masterAddr() {
 
 }  // namespace
 
-std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& o) {
+namespace {
+
+std::shared_ptr<gloo::rendezvous::Store> openInner(const sf_options& o) {
   const std::string url = o.rendezvous;
   const std::chrono::milliseconds timeout(o.timeout_ms);
   std::shared_ptr<gloo::rendezvous::Store> inner;
@@ -104,6 +108,26 @@ std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& o) {
              "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name");
   }
   return std::make_shared<OwningPrefixStore>("sfsync", inner);
+}
+
+}  // namespace
+
+std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& o) {
+  // One store per rendezvous and rank while anyone holds it: the backends of
+  // one context (Gloo for host gradients, NCCL's unique-id exchange for
+  // device gradients) meet through the same store, and rank 0 can serve
+  // env:// only once on MASTER_ADDR:MASTER_PORT.
+  std::string key = std::string(o.rendezvous) + "#" + std::to_string(o.rank);
+  if (key.compare(0, 6, "env://") == 0) key += "@" + masterAddr() + ":" + std::to_string(masterPort());
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<gloo::rendezvous::Store>> open;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<gloo::rendezvous::Store> store = open[key].lock();
+  if (!store) {
+    store = openInner(o);
+    open[key] = store;
+  }
+  return store;
 }
 
 std::string localHostname(const sf_options& o) {

@@ -11,7 +11,9 @@
 
 namespace sfsync {
 
-// Every key is prefixed with "sfsync/". Throws SF_ERR_INVALID_ARGUMENT for
+// Every key is prefixed with "sfsync/". While a returned store is held, the
+// same rendezvous and rank (and MASTER_ADDR:MASTER_PORT for env://) get the
+// same store again in this process. Throws SF_ERR_INVALID_ARGUMENT for
 // an unknown scheme, SF_ERR_BACKEND / SF_ERR_TIMEOUT when the store is not
 // reachable.
 std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& opts);
