@@ -7,8 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 || { cat build.log; exit 1; }
-cmake --build build -j "$(nproc)" >> build.log 2>&1 || { tail -50 build.log; exit 1; }
+mkdir -p build
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > build/build.log 2>&1 || { cat build/build.log; exit 1; }
+cmake --build build -j "$(nproc)" >> build/build.log 2>&1 || { tail -50 build/build.log; exit 1; }
 
 build/plugin/tools/sfsync-run -n 2 -- build/samples/c/sfsync-c-trainer \
   --windows 6 --micro 4 --cap-mb 0.004 --first-cap-mb 0.002

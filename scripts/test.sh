@@ -11,8 +11,9 @@ bash scripts/install-deps.sh
 build() {  # build DIR [cmake args...]
   local dir=$1; shift
   echo "== configure and build $dir $*"
-  cmake -S . -B "$dir" "$@" > "$dir.log" 2>&1 || { cat "$dir.log"; exit 1; }
-  cmake --build "$dir" -j "$jobs" >> "$dir.log" 2>&1 || { tail -80 "$dir.log"; exit 1; }
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" "$@" > "$dir/build.log" 2>&1 || { cat "$dir/build.log"; exit 1; }
+  cmake --build "$dir" -j "$jobs" >> "$dir/build.log" 2>&1 || { tail -80 "$dir/build.log"; exit 1; }
 }
 
 build build -DCMAKE_BUILD_TYPE=RelWithDebInfo
