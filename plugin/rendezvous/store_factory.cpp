@@ -119,13 +119,27 @@ std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& o) {
   // env:// only once on MASTER_ADDR:MASTER_PORT.
   std::string key = std::string(o.rendezvous) + "#" + std::to_string(o.rank);
   if (key.compare(0, 6, "env://") == 0) key += "@" + masterAddr() + ":" + std::to_string(masterPort());
-  static std::mutex mutex;
-  static std::map<std::string, std::weak_ptr<gloo::rendezvous::Store>> open;
-  std::lock_guard<std::mutex> lock(mutex);
-  std::shared_ptr<gloo::rendezvous::Store> store = open[key].lock();
+  // One lock per entry, held while the store opens: a client rank may wait
+  // there for a server that another thread (rank 0) is about to start, so
+  // entries must not block each other.
+  struct Entry {
+    std::mutex mutex;
+    std::weak_ptr<gloo::rendezvous::Store> store;
+  };
+  static std::mutex mapMutex;
+  static std::map<std::string, std::shared_ptr<Entry>> entries;
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mapMutex);
+    auto& slot = entries[key];
+    if (!slot) slot = std::make_shared<Entry>();
+    entry = slot;
+  }
+  std::lock_guard<std::mutex> lock(entry->mutex);
+  std::shared_ptr<gloo::rendezvous::Store> store = entry->store.lock();
   if (!store) {
     store = openInner(o);
-    open[key] = store;
+    entry->store = store;
   }
   return store;
 }
