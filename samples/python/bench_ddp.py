@@ -215,8 +215,7 @@ def main(argv=None):
         print("JSON " + json.dumps(record, sort_keys=True), flush=True)
     for p in problems:
         print("UNEXPECTED (rank %d): %s" % (rank, p), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    common.shutdown()
     return 1 if problems else 0
 
 

@@ -6,6 +6,7 @@ import copy
 import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -114,3 +115,19 @@ def counting_allreduce_hook(state, bucket):
     buf.div_(state.world)
     fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
+
+
+def shutdown():
+    """Leave torch.distributed without PyTorch 1.13's teardown deadlock.
+
+    The last reference to a ProcessGroupGloo (held by DDP's Reducer) can be
+    dropped on the main thread, whose destructor joins the group's worker
+    threads while holding the GIL; a worker may still be releasing the last
+    reference to a Python-owned tensor, which needs the GIL (seen about once
+    in 75 runs). Sleeping with the GIL released after the last collective lets
+    the workers drain first. Call after the last collective, before the DDP
+    models go away.
+    """
+    dist.barrier()
+    time.sleep(0.2)
+    dist.destroy_process_group()

@@ -269,8 +269,7 @@ def main(argv=None):
               flush=True)
 
     sync.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    common.shutdown()
     return 0 if ok else 1
 
 

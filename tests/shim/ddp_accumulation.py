@@ -41,6 +41,8 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+import torch_gloo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 WORLD = 2
@@ -132,8 +134,7 @@ def worker(rank, args, store_file):
             failures.append(f"weights differ from the no_sync reference by {diff}")
     with open(os.path.join(args.tmp, f"grad_bytes-{rank}"), "w") as f:
         f.write(str(grad_bytes))
-    dist.barrier()
-    dist.destroy_process_group()
+    torch_gloo.shutdown()
     if failures:
         print(f"rank {rank}: " + "\n  ".join(failures), file=sys.stderr)
         sys.exit(1)

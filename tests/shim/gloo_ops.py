@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import torch_gloo
+
 WORLD = 2
 N = 65536  # elements: at least 64 KiB (the default SF_SHIM_MIN_BYTES) for every dtype
 OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
@@ -99,8 +101,7 @@ def worker(rank, store, out_dir):
         print("\n".join(lines))
     with open(os.path.join(out_dir, f"deferred-{rank}"), "w") as f:
         f.write(str(deferred))
-    dist.barrier()
-    dist.destroy_process_group()
+    torch_gloo.shutdown()
     if failures:
         print(f"rank {rank} FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
         sys.exit(1)
