@@ -31,11 +31,17 @@ Reducer::Reducer(const sf_options& opts, BackendFor backendFor)
 
 Reducer::~Reducer() {
   quiesce();  // collectives in flight read and write our buffers
+  releaseMemory();
+}
+
+void Reducer::releaseMemory() noexcept {
   // The backends outlive the reducer (Context declares them first).
   for (auto& b : buckets_) {
     if (b.staged) memoryFor(b.plan->device).deallocate(b.storage);
   }
+  buckets_.clear();
   for (auto& kv : flat_) memoryFor(kv.first).deallocate(kv.second);
+  flat_.clear();
 }
 
 bool Reducer::bucketNeedsStaging(const PlannedBucket& plan) const {
@@ -139,28 +145,18 @@ void Reducer::build() {
       buckets_[i].staged = true;
     }
   } catch (...) {
-    for (auto& b : buckets_) {
-      if (b.staged) memoryFor(b.plan->device).deallocate(b.storage);
-    }
-    buckets_.clear();
-    for (auto& kv : flat_) memoryFor(kv.first).deallocate(kv.second);
-    flat_.clear();
+    releaseMemory();
     throw;
   }
 
   for (size_t i = 0; i < plan_.size(); ++i) {
     Bucket& b = buckets_[i];
-    bool allOwned = true;
     for (int64_t id : plan_[i].grads) {
       Gradient& g = grads_[size_t(id)];
       b.numel += g.numel;
-      if (g.owned) {
-        g.data = flat_[g.device] + bucketOffset[i] + size_t(g.offset) * dtypeSize(g.dtype);
-      } else {
-        allOwned = false;
-      }
+      if (g.owned) g.data = flat_[g.device] + bucketOffset[i] + size_t(g.offset) * dtypeSize(g.dtype);
     }
-    if (allOwned) b.storage = flat_[plan_[i].device] + bucketOffset[i];
+    if (!b.staged) b.storage = flat_[plan_[i].device] + bucketOffset[i];  // zero copy
     b.pending = int64_t(plan_[i].grads.size());
   }
   built_ = true;

@@ -89,6 +89,7 @@ class Reducer {
   // Host memory, or the memory of the backend that reduces `device`.
   MemoryOps& memoryFor(sf_device device);
   bool bucketNeedsStaging(const PlannedBucket& plan) const;
+  void releaseMemory() noexcept;  // flat and staging buffers, back to their devices
 
   const sf_options opts_;
   BackendFor backendFor_;
