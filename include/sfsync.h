@@ -36,7 +36,7 @@ extern "C" {
 /* ---- Versions ----------------------------------------------------------- */
 
 #define SF_VERSION_MAJOR 0
-#define SF_VERSION_MINOR 1
+#define SF_VERSION_MINOR 2
 #define SF_VERSION_PATCH 0
 /** MAJOR * 10000 + MINOR * 100 + PATCH; compare with sf_version_number(). */
 #define SF_VERSION_NUMBER (SF_VERSION_MAJOR * 10000 + SF_VERSION_MINOR * 100 + SF_VERSION_PATCH)
@@ -363,6 +363,114 @@ SF_API sf_status sf_set_cuda_stream(sf_context* ctx, void* stream);
  * SF_ERR_UNSUPPORTED where NCCL cannot be used or backend = gloo. Since 0.1.
  */
 SF_API sf_status sf_adopt_nccl_comm(sf_context* ctx, void* comm);
+
+
+/* ---- Logging (Since 0.2) ------------------------------------------------
+ *
+ * One logger for the library, the shim and the bindings. SF_DEBUG = WARN
+ * (default) | INFO | TRACE | NONE; SF_DEBUG_FILE = path (%h host, %p pid,
+ * %r rank substituted) instead of stderr. Lines look like NCCL_DEBUG's:
+ *   sfsync <host>:<pid>:<rank> <LEVEL> <subsystem> message
+ */
+
+#define SF_LOG_NONE 0
+#define SF_LOG_WARN 1
+#define SF_LOG_INFO 2
+#define SF_LOG_TRACE 3
+
+/** @return the level in force (SF_LOG_NONE..SF_LOG_TRACE). Thread-safe. Since 0.2. */
+SF_API int32_t sf_log_level(void);
+
+/** Write one line through sfsync's logger if `level` is enabled (bindings use
+ *  this so that their lines look like the library's). `subsystem` and
+ *  `message` may be NULL. Never fails. Thread-safe. Since 0.2. */
+SF_API void sf_log(int32_t level, const char* subsystem, const char* message);
+
+/* ---- The host's own key-value store (Since 0.2) --------------------------
+ *
+ * A host that already has a store (PyTorch's c10d store under torchrun, a
+ * Rust trainer's etcd client) hands it to a context with sf_set_store; every
+ * rendezvous of that context (Gloo pairs, the NCCL unique id, the layout
+ * check) then goes through it, and sfsync opens no port of its own.
+ * The callbacks may be called from threads sfsync owns, never after
+ * sf_destroy returns, and must be thread-safe. They return SF_STORE_OK,
+ * SF_STORE_TIMEOUT (get: the key did not appear within timeout_ms) or
+ * SF_STORE_ERROR; sfsync turns the last two into SF_ERR_TIMEOUT and
+ * SF_ERR_BACKEND naming the key.
+ */
+
+#define SF_STORE_OK 0
+#define SF_STORE_TIMEOUT 1
+#define SF_STORE_ERROR 2
+
+typedef struct sf_store {
+  uint64_t struct_size; /* sizeof(sf_store) as the caller knows it */
+  void* user;           /* passed back to every callback */
+  /** Store `bytes` bytes at `value` under `key` (NUL-terminated). */
+  int32_t (*set)(void* user, const char* key, const void* value, uint64_t bytes);
+  /** Wait up to timeout_ms for `key`, then write its size to *bytes and, if
+   *  it fits in `capacity`, its value to `buffer`. A value larger than
+   *  `capacity` is not an error: sfsync calls again with a larger buffer. */
+  int32_t (*get)(void* user, const char* key, int64_t timeout_ms, void* buffer,
+                 uint64_t capacity, uint64_t* bytes);
+} sf_store;
+
+/** Zero `store` and set its struct_size (bindings cannot expand macros).
+ *  SF_ERR_INVALID_ARGUMENT for NULL or a struct_size below the version-1
+ *  size. Since 0.2. */
+SF_API sf_status sf_store_init(sf_store* store, uint64_t struct_size);
+
+/**
+ * Use the host's store for this context's rendezvous instead of
+ * opts.rendezvous. `prefix` (may be NULL or "", copied) is put before every
+ * key, so that several contexts or jobs share one store; it must be the same
+ * on every rank. The struct is copied; `user` must stay valid until
+ * sf_destroy. Call before the first collective (sf_connect,
+ * sf_synchronize, ...), else SF_ERR_INVALID_STATE; NULL set/get is
+ * SF_ERR_INVALID_ARGUMENT. Since 0.2.
+ */
+SF_API sf_status sf_set_store(sf_context* ctx, const sf_store* store, const char* prefix);
+
+/* ---- Collective set-up and checks (Since 0.2) --------------------------- */
+
+/**
+ * Join the peers now (collective: every rank calls it): connect the host
+ * transport and check that every rank agrees on world_size and that each
+ * rank number is claimed once. Done implicitly by the first collective;
+ * calling it at set-up makes rendezvous errors surface there, not inside a
+ * backward pass. Bounded by timeout_ms. Idempotent. Since 0.2.
+ */
+SF_API sf_status sf_connect(sf_context* ctx);
+
+/**
+ * Copy `bytes` bytes of host memory at `data` from rank `root` to every
+ * rank (collective), e.g. initial weights and buffers, as DDP does at
+ * construction. SF_ERR_INVALID_STATE inside a window or while bucket
+ * collectives are in flight; SF_ERR_INVALID_ARGUMENT for a root outside
+ * [0, world_size). Free at world size 1. Since 0.2.
+ */
+SF_API sf_status sf_broadcast(sf_context* ctx, void* data, uint64_t bytes, int32_t root);
+
+/**
+ * A fast, non-cryptographic 64-bit digest of `bytes` bytes at `data`,
+ * bit-exact and the same on every machine for the same bytes and seed.
+ * Chain buffers by passing the previous digest as `seed`. Pure; thread-safe.
+ * Since 0.2.
+ */
+SF_API sf_status sf_digest(const void* data, uint64_t bytes, uint64_t seed, uint64_t* out);
+
+/** The digest (sf_digest chained in registration order, seed 0) of every
+ *  registered host gradient's bytes. Builds the buckets if needed. Since 0.2. */
+SF_API sf_status sf_digest_gradients(sf_context* ctx, uint64_t* out);
+
+/**
+ * Compare a host-computed digest (e.g. of the weights, from sf_digest)
+ * across ranks with one small collective: SF_OK when every rank passed the
+ * same value, else SF_ERR_MISMATCH on every rank with a message naming the
+ * ranks that differ from rank 0. SF_ERR_INVALID_STATE inside a window.
+ * Free and SF_OK at world size 1. Since 0.2.
+ */
+SF_API sf_status sf_check_replicas(sf_context* ctx, uint64_t digest);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "plugin/api/guard.h"
+#include "plugin/core/log.h"
 #include "plugin/core/options.h"
 
 namespace sfsync {
@@ -231,6 +232,24 @@ sf_status sf_set_cuda_stream(sf_context* ctx, void* stream) {
 
 sf_status sf_adopt_nccl_comm(sf_context* ctx, void* comm) {
   return guard("sf_adopt_nccl_comm", [&] { checked(ctx).adoptNcclComm(comm); });
+}
+
+}  // extern "C"
+
+extern "C" {
+
+int32_t sf_log_level(void) {
+  for (int l = SF_LOG_TRACE; l > SF_LOG_NONE; --l) {
+    if (sfsync::logEnabled(sfsync::LogLevel(l))) return l;
+  }
+  return SF_LOG_NONE;
+}
+
+void sf_log(int32_t level, const char* subsystem, const char* message) {
+  if (level < SF_LOG_WARN || level > SF_LOG_TRACE) return;
+  if (!sfsync::logEnabled(sfsync::LogLevel(level))) return;
+  sfsync::logWrite(sfsync::LogLevel(level), subsystem ? subsystem : "host",
+                   message ? message : "");
 }
 
 }  // extern "C"
