@@ -20,7 +20,7 @@ void setLastError(const char* function, const char* message) noexcept;
 // failure at INFO.
 template <typename F>
 sf_status guard(const char* function, F&& body) noexcept {
-  if (logEnabled(LogLevel::kTrace)) logWrite(LogLevel::kTrace, "api", function);
+  if (__builtin_expect(logEnabled(LogLevel::kTrace), 0)) logWrite(LogLevel::kTrace, "api", function);
   sf_status status;
   try {
     body();

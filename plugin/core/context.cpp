@@ -150,7 +150,9 @@ void Context::beginAccumulation() {
   // apart from one that skipped an sf_synchronize: each begin counts.
   if (begunSinceSync_.load(std::memory_order_relaxed) == 0 ||
       !hostReportsReady_.load(std::memory_order_relaxed)) {
-    begunSinceSync_.fetch_add(1, std::memory_order_relaxed);
+    // Window calls do not race with each other: a plain increment, no RMW.
+    begunSinceSync_.store(begunSinceSync_.load(std::memory_order_relaxed) + 1,
+                          std::memory_order_relaxed);
   }
   readyInWindow_.store(0, std::memory_order_relaxed);
   windowsBegun_.fetch_add(1, std::memory_order_release);
