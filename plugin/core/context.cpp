@@ -209,7 +209,6 @@ void Context::synchronize() {
          "gradients; call sf_end_accumulation first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const ReducerCounters before = reducer_.counters();
   const int64_t window = currentWindow();
   reducer_.synchronize(window);
   windowNumber_.store(window, std::memory_order_relaxed);
@@ -220,16 +219,19 @@ void Context::synchronize() {
                          .count();
   syncNs_.fetch_add(ns, std::memory_order_relaxed);
   windowsCompleted_.fetch_add(1, std::memory_order_relaxed);
+  // This window's collectives: since the previous synchronization (hooks
+  // may have started them before this call).
+  const ReducerCounters after = reducer_.counters();
   if (logEnabled(LogLevel::kInfo)) {
-    const ReducerCounters after = reducer_.counters();
     SF_LOG(kInfo, "window", "window " << window << " synchronized: "
-                                      << after.collectives - before.collectives
+                                      << after.collectives - atLastSync_.collectives
                                       << " bucket collectives ("
-                                      << after.earlyLaunches - before.earlyLaunches
+                                      << after.earlyLaunches - atLastSync_.earlyLaunches
                                       << " started by sf_grad_ready), "
-                                      << after.bytesReduced - before.bytesReduced << " bytes, "
-                                      << ns / 1000 << " us");
+                                      << after.bytesReduced - atLastSync_.bytesReduced
+                                      << " bytes, " << ns / 1000 << " us in sf_synchronize");
   }
+  atLastSync_ = after;
 }
 
 sf_stats Context::stats() const {

@@ -79,6 +79,7 @@ class Context {
   std::atomic<int64_t> begunSinceSync_{0};
   std::atomic<int64_t> readyOutsideSinceSync_{0};
   std::atomic<bool> hostReportsReady_{false};
+  ReducerCounters atLastSync_;  // for the INFO line of each window
 };
 
 }  // namespace sfsync

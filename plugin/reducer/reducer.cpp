@@ -392,6 +392,10 @@ void Reducer::start(Bucket& b, bool early) {
   ++counters_.collectives;
   counters_.bytesReduced += b.plan->bytes;
   if (early) ++counters_.earlyLaunches;
+  SF_LOG(kTrace, "reducer", "window " << window_ << ": bucket " << (&b - buckets_.data())
+                                      << " started (" << b.plan->bytes << " bytes, "
+                                      << (early ? "by sf_grad_ready" : "by sf_synchronize")
+                                      << (b.control ? ", carries the window check" : "") << ")");
 }
 
 ReduceSpec Reducer::reduceSpec() const {
