@@ -15,6 +15,8 @@
 
 #include "plugin/core/deadline.h"
 #include "plugin/core/options.h"
+#include "plugin/core/error.h"
+#include "plugin/reducer/bucket_plan.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace sftest;
@@ -102,6 +104,25 @@ BOOST_AUTO_TEST_CASE(one_gradient_too_large_is_named) {
                               "w", &id),
               SF_ERR_INVALID_ARGUMENT, {"too large"});
   BOOST_TEST(statsOf(h.ctx).gradient_count == 0);
+}
+
+BOOST_AUTO_TEST_CASE(bucket_plan_sums_never_wrap) {
+  using sfsync::GradSpec;
+  // Two gradients of 2^62 bytes: their sum would wrap int64; each gets a bucket.
+  const int64_t n = int64_t(1) << 60;
+  auto plan = sfsync::planBuckets({{n, SF_DTYPE_FLOAT32, SF_DEVICE_HOST}, {n, SF_DTYPE_FLOAT32, SF_DEVICE_HOST}},
+                                  INT64_MAX, INT64_MAX);
+  BOOST_TEST(plan.size() == 2u);
+  for (const auto& b : plan) BOOST_TEST(b.bytes == int64_t(1) << 62);
+  // One gradient whose byte size does not fit in int64.
+  bool threw = false;
+  try {
+    sfsync::planBuckets({{int64_t(1) << 62, SF_DTYPE_FLOAT64, SF_DEVICE_HOST}}, 1 << 20, 1 << 20);
+  } catch (const sfsync::Error& e) {
+    threw = e.status() == SF_ERR_INVALID_ARGUMENT &&
+            std::string(e.what()).find("gradient 0") != std::string::npos;
+  }
+  BOOST_TEST(threw);
 }
 
 // ---- Timeouts ------------------------------------------------------------
