@@ -377,7 +377,8 @@ void Reducer::start(Bucket& b, bool early) {
     // The control elements must be summed exactly: this bucket is scaled
     // here (host memory), not by the backend, and only its gradients are.
     if (spec.prescale != 1.0) scaleInPlace(b.storage, b.numel, dtype, spec.prescale);
-    spec = ReduceSpec{};
+    spec.prescale = 1.0;  // keep any other field of the spec
+    spec.postscale = 1.0;
     const int64_t x = window_ % controlModulus_;
     storeValue(b.storage + size_t(b.numel) * esize, dtype, double(x));
     storeValue(b.storage + size_t(b.numel + 1) * esize, dtype, double(x * x));
