@@ -25,6 +25,7 @@ struct Plan {
   int skipRank = -1, skipWindow = -1;   // this rank does not synchronize window skipWindow
   int extraRank = -1, extraWindow = -1; // this rank synchronizes window extraWindow twice
   bool gradReady = true;
+  bool bracketEach = false;  // begin/end around each non-final micro-batch (DDP's no_sync idiom)
   bool flat = true;
   sf_dtype dtype = SF_DTYPE_FLOAT32;
   sf_reduce_op op = SF_REDUCE_AVERAGE;
@@ -145,9 +146,17 @@ Outcome runRank(const Plan& plan, int world, int rank, const std::string& rdv) {
   for (size_t w = 0; w < micro.size(); ++w) {
     const int n = micro[w];
     sf_zero_gradients(h.ctx);
-    if (n > 1 && sf_begin_accumulation(h.ctx) != SF_OK) break;
-    for (int k = 0; k < n - 1; ++k) microBatch(false);
-    if (n > 1) sf_end_accumulation(h.ctx);
+    if (plan.bracketEach) {
+      for (int k = 0; k < n - 1; ++k) {
+        sf_begin_accumulation(h.ctx);
+        microBatch(false);
+        sf_end_accumulation(h.ctx);
+      }
+    } else {
+      if (n > 1 && sf_begin_accumulation(h.ctx) != SF_OK) break;
+      for (int k = 0; k < n - 1; ++k) microBatch(false);
+      if (n > 1) sf_end_accumulation(h.ctx);
+    }
     microBatch(true);
     if (rank == plan.skipRank && int(w) == plan.skipWindow) continue;
     // Every rank holds n = micro[w] in every element; checked only when all
@@ -246,6 +255,16 @@ BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_uneven_window_lengths_stay_legal) {
       }
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_micro_batches_bracketed_one_by_one_stay_legal) {
+  // A host with grad-ready hooks that brackets each non-final micro-batch on
+  // its own (PyTorch's no_sync idiom): consecutive windows with no pass
+  // between them are one window, also with uneven counts per rank.
+  Plan p;
+  p.micro = {{3, 1, 4, 2}, {2, 2, 1, 5}};
+  p.bracketEach = true;
+  expectClean(runPlan(p, 2), 4);
 }
 
 BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_one_skips_a_synchronize) {
