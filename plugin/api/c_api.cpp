@@ -4,6 +4,7 @@
 #include <mutex>
 #include <string>
 
+#include "plugin/api/default_context.h"
 #include "plugin/api/guard.h"
 #include "plugin/core/log.h"
 #include "plugin/core/options.h"
@@ -124,6 +125,7 @@ sf_status sf_default_context(sf_context** out) {
       sf_options o = sfsync::optionsFromCaller(nullptr);
       sfsync::validateOptions(o);
       instance = new sf_context(o);
+      sfsync::publishDefaultContext(instance);  // plugin/api/internal_api.cpp
     }
     result = instance;
   });
@@ -186,6 +188,7 @@ sf_status sf_end_accumulation(sf_context* ctx) {
 }
 
 int32_t sf_in_accumulation(const sf_context* ctx) {
+  if (ctx) ctx->markFollowed();  // someone acts on its windows (e.g. a DDP comm hook)
   return ctx ? (ctx->inAccumulation() ? 1 : 0) : -1;
 }
 
