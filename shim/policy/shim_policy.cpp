@@ -182,10 +182,14 @@ sf_shim_decision ShimPolicy::decide(const sf_shim_call& c) {
   switch (mode_) {
     case Mode::kExplicit:
       if (!haveWindows) {
-        sayOnce(saidNoContext_,
-                windows_ ? "gradient all-reduces, but the host has not made sfsync's default "
-                           "context: no windows, passing them through"
-                         : "no window state from libsfsync.so: passing every call through");
+        // Not made yet is legal (a host may open its first window later): INFO.
+        if (!saidNoContext_) {
+          saidNoContext_ = true;
+          say(windows_ ? "gradient all-reduces, but the host has not made sfsync's default "
+                         "context (yet): no windows, passing them through"
+                       : "no window state from libsfsync.so: passing every call through",
+              windows_ ? SF_LOG_INFO : SF_LOG_WARN);
+        }
         return passGradient(c, 0);
       }
       return decideExplicit(c, s);
