@@ -132,7 +132,7 @@ void Context::beginAccumulation() {
                << " refused (SF_ERR_INVALID_STATE): window " << k
                << " was never ended (a forgotten sf_end_accumulation?); it stays open, so "
                   "nothing is synchronized until sf_end_accumulation"
-               << (strictMode() ? " (SF_STRICT=1: the shim fails its next gradient all-reduce)"
+               << (strictMode() ? " (SF_STRICT=1: under the shim, the next gradient all-reduce fails)"
                                 : ""));
     fail(SF_ERR_INVALID_STATE,
          "already inside an accumulation window (sf_begin_accumulation twice without "
