@@ -125,9 +125,9 @@ sf_status sf_default_context(sf_context** out) {
       sf_options o = sfsync::optionsFromCaller(nullptr);
       sfsync::validateOptions(o);
       instance = new sf_context(o);
-      sfsync::publishDefaultContext(instance);  // plugin/api/internal_api.cpp
     }
     result = instance;
+    sfsync::publishDefaultContext(instance);  // for the shim (plugin/api/internal_api.cpp)
   });
 }
 

@@ -7,7 +7,7 @@
 
 namespace sfsync {
 
-// Called once by sf_default_context, right after making it.
+// Called by sf_default_context (every call; idempotent).
 void publishDefaultContext(Context* ctx) noexcept;
 // The default context, or nullptr if it was not made yet. Thread-safe.
 Context* defaultContextIfMade() noexcept;

@@ -71,15 +71,16 @@ class Context {
   Reducer reducer_;  // after backends_: destroyed first, while backends live
 
   std::atomic<bool> inWindow_{false};
-  std::atomic<int64_t> readyInWindow_{0};
-  std::atomic<int64_t> deferredReadyCalls_{0};
-  std::atomic<int64_t> gradientCount_{0};  // readable without the reducer's lock
-  std::atomic<int64_t> windowsBegun_{0};
+  // Since 0.2: what the shim reads, and the misuse said at once.
   std::atomic<int64_t> windowsEnded_{0};
   std::atomic<int64_t> refusedBegins_{0};
   std::atomic<int64_t> refusedBeginWindow_{0};
   mutable std::atomic<bool> followed_{false};
   std::atomic<bool> saidAffectsNothing_{false};
+  std::atomic<int64_t> readyInWindow_{0};
+  std::atomic<int64_t> deferredReadyCalls_{0};
+  std::atomic<int64_t> gradientCount_{0};  // readable without the reducer's lock
+  std::atomic<int64_t> windowsBegun_{0};
   int64_t windowsCompleted_ = 0;
   int64_t deferredPasses_ = 0;
   int64_t syncNs_ = 0;
