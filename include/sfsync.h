@@ -240,14 +240,24 @@ SF_API sf_status sf_zero_gradients(sf_context* ctx);
  * communicated, whatever the host calls. SF_ERR_INVALID_STATE if already
  * inside a window, or if bucket collectives were started and not yet waited
  * for by sf_synchronize. Cost: well under a microsecond.
+ * Since 0.2, a begin refused inside a window (a forgotten sf_end_accumulation)
+ * is also said at once as a WARN line (subsystem "window"): hosts that ignore
+ * the status would otherwise go on in the old window.
  */
 SF_API sf_status sf_begin_accumulation(sf_context* ctx);
 
 /** Leave the window: the next synchronization carries everything
- *  accumulated. SF_ERR_INVALID_STATE without a matching begin. */
+ *  accumulated. SF_ERR_INVALID_STATE without a matching begin.
+ *  Since 0.2: if nothing follows this context's windows (no gradient
+ *  registered, no interposer such as libsfsync_shim.so for the default
+ *  context, no sf_in_accumulation asked), the first end says once (WARN)
+ *  that these windows affect nothing; with SF_STRICT=1 every such end still
+ *  ends the window and returns SF_ERR_INVALID_STATE. */
 SF_API sf_status sf_end_accumulation(sf_context* ctx);
 
-/** 1 inside a window, 0 outside; -1 for a NULL context. */
+/** 1 inside a window, 0 outside; -1 for a NULL context. Since 0.2, asking
+ *  marks the context's windows as followed (a DDP comm hook that asks acts
+ *  on them): see sf_end_accumulation. */
 SF_API int32_t sf_in_accumulation(const sf_context* ctx);
 
 /**

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <string>
 
+#include "plugin/api/default_context.h"
 #include "plugin/api/guard.h"
 #include "plugin/core/log.h"
 #include "plugin/core/options.h"
@@ -138,6 +139,7 @@ sf_status sf_default_context(sf_context** out) {
       sfsync::gDefaultContext.store(instance, std::memory_order_release);
     }
     result = instance;
+    sfsync::publishDefaultContext(instance);  // for the shim (plugin/api/internal_api.cpp)
   });
 }
 
@@ -200,6 +202,7 @@ sf_status sf_end_accumulation(sf_context* ctx) {
 }
 
 int32_t sf_in_accumulation(const sf_context* ctx) {
+  if (ctx) ctx->markFollowed();  // someone acts on its windows (e.g. a DDP comm hook)
   return ctx ? (ctx->inAccumulation() ? 1 : 0) : -1;
 }
 

@@ -10,6 +10,7 @@
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
 #include "plugin/core/options.h"
+#include "plugin/core/strict.h"
 
 namespace sfsync {
 
@@ -134,6 +135,18 @@ void* Context::gradientData(int64_t id) {
 
 void Context::beginAccumulation() {
   if (inWindow_.load(std::memory_order_relaxed)) {
+    // Said at the call: a host that ignores the status (ctypes does) would
+    // otherwise keep window K open, and under the shim train on local gradients.
+    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
+    refusedBeginWindow_.store(k, std::memory_order_relaxed);
+    refusedBegins_.fetch_add(1, std::memory_order_release);
+    SF_LOG(kWarn, "window",
+           "sf_begin_accumulation inside window " << k
+               << " refused (SF_ERR_INVALID_STATE): window " << k
+               << " was never ended (a forgotten sf_end_accumulation?); it stays open, so "
+                  "nothing is synchronized until sf_end_accumulation"
+               << (strictMode() ? " (SF_STRICT=1: under the shim, the next gradient all-reduce fails)"
+                                : ""));
     fail(SF_ERR_INVALID_STATE,
          "already inside an accumulation window (sf_begin_accumulation twice without "
          "sf_end_accumulation)");
@@ -170,6 +183,27 @@ void Context::endAccumulation() {
                               std::memory_order_relaxed);
   }
   inWindow_.store(false, std::memory_order_release);
+  windowsEnded_.fetch_add(1, std::memory_order_relaxed);
+  if (n == 0 && !followed_.load(std::memory_order_relaxed)) {
+    // Nothing registered, nothing interposed, nobody asked: the window changed nothing.
+    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
+    const bool strict = strictMode();
+    if (!saidAffectsNothing_.exchange(true)) {
+      SF_LOG(kWarn, "window",
+             "window " << k << " ended, but these windows affect nothing: no gradient is "
+                       "registered with this context, no interposer follows it (for the default "
+                       "context: LD_PRELOAD=libsfsync_shim.so) and nothing asked "
+                       "sf_in_accumulation; a host that all-reduces itself (PyTorch DDP) still "
+                       "does so every micro-batch"
+                    << (strict ? " (SF_STRICT=1: sf_end_accumulation fails)" : ""));
+    }
+    if (strict) {
+      fail(SF_ERR_INVALID_STATE,
+           "window " + std::to_string(k) +
+               " affected nothing (no gradient registered, no interposer, SF_STRICT=1); the "
+               "window is ended");
+    }
+  }
 }
 
 int64_t Context::currentWindow() const {
