@@ -42,10 +42,6 @@ void copyOut(T* dst, const T& src, uint64_t v1Size, const char* what) {
   out.struct_size = callerSize;
 }
 
-// The default context once created (sf_destroy compares with it without
-// creating it).
-std::atomic<sf_context*> gDefaultContext{nullptr};
-
 }  // namespace sfsync
 
 using sfsync::checked;
@@ -120,7 +116,7 @@ sf_status sf_create(const sf_options* opts, sf_context** out) {
 void sf_destroy(sf_context* ctx) {
   // Creates nothing and leaves sf_last_error() alone: the default context
   // (never destroyed) is recognised without being made.
-  if (!ctx || ctx == sfsync::gDefaultContext.load(std::memory_order_acquire)) return;
+  if (!ctx || ctx == sfsync::defaultContextIfMade()) return;
   SF_LOG(kTrace, "api", "sf_destroy");
   delete ctx;  // ~Context never throws
 }
@@ -136,7 +132,6 @@ sf_status sf_default_context(sf_context** out) {
       sf_options o = sfsync::optionsFromCaller(nullptr);
       sfsync::validateOptions(o);
       instance = new sf_context(o);
-      sfsync::gDefaultContext.store(instance, std::memory_order_release);
     }
     result = instance;
     sfsync::publishDefaultContext(instance);  // for the shim (plugin/api/internal_api.cpp)
