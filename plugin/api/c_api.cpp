@@ -1,5 +1,6 @@
 // The extern "C" functions of include/sfsync.h, each one line into C++.
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -22,17 +23,18 @@ void setLastError(const char* function, const char* message) noexcept {
 }
 
 // Copies `src` into the caller's struct of its own struct_size (at least
-// `v1Size`): the only way a sized struct crosses the boundary outwards.
+// `v1Size`; an older caller's smaller struct gets its own fields only): the
+// only way a sized struct crosses the boundary outwards.
 template <typename T>
-void copyOut(T* dst, const T& src, const char* what) {
+void copyOut(T* dst, const T& src, const char* what, uint64_t v1Size) {
   T& out = checked(dst, "out");
   const uint64_t callerSize = out.struct_size;
-  if (callerSize < sizeof(T)) {
+  if (callerSize < v1Size) {
     fail(SF_ERR_INVALID_ARGUMENT, "out->struct_size = " + std::to_string(callerSize) +
                                       " is smaller than sizeof(" + what + ") = " +
-                                      std::to_string(sizeof(T)) + " of ABI version 1");
+                                      std::to_string(v1Size) + " of ABI version 1");
   }
-  std::memcpy(&out, &src, sizeof(T));
+  std::memcpy(&out, &src, size_t(std::min<uint64_t>(callerSize, sizeof(T))));
   out.struct_size = callerSize;
 }
 
@@ -131,7 +133,8 @@ sf_status sf_default_context(sf_context** out) {
 
 sf_status sf_get_options(const sf_context* ctx, sf_options* out) {
   return guard("sf_get_options",
-               [&] { sfsync::copyOut(out, checked(ctx).options(), "sf_options"); });
+               [&] { sfsync::copyOut(out, checked(ctx).options(), "sf_options",
+                                                sfsync::kOptionsV1Size); });
 }
 
 sf_status sf_set_bucket_cap_mb(sf_context* ctx, double mb) {
@@ -198,7 +201,7 @@ sf_status sf_synchronize(sf_context* ctx) {
 }
 
 sf_status sf_get_stats(const sf_context* ctx, sf_stats* out) {
-  return guard("sf_get_stats", [&] { sfsync::copyOut(out, checked(ctx).stats(), "sf_stats"); });
+  return guard("sf_get_stats", [&] { sfsync::copyOut(out, checked(ctx).stats(), "sf_stats", sfsync::kStatsV1Size); });
 }
 
 sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,

@@ -13,7 +13,11 @@
 namespace sfsync {
 
 Context::Context(const sf_options& opts)
-    : opts_(opts), reducer_(opts, [this](sf_device d) -> Backend& { return backendFor(d); }) {}
+    : opts_(opts),
+      trace_(Tracer::fromEnvironment(opts.rank, opts.world_size)),
+      reducer_(opts, [this](sf_device d) -> Backend& { return backendFor(d); }) {
+  reducer_.setTracer(trace_.get());
+}
 
 Context::~Context() {
   // Wait for our own collectives, then meet the peers once so that no rank
@@ -130,6 +134,7 @@ void Context::beginAccumulation() {
          "before starting a new window");
   }
   readyInWindow_.store(0, std::memory_order_relaxed);
+  if (trace_) windowStartUs_ = Tracer::nowUs();
   windowsBegun_.fetch_add(1, std::memory_order_release);
   inWindow_.store(true, std::memory_order_release);
 }
@@ -150,9 +155,22 @@ void Context::gradReady(int64_t id) {
     // Inside a window nothing is communicated: count and return.
     readyInWindow_.fetch_add(1, std::memory_order_relaxed);
     deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
+    if (trace_) tracePass(true);
     return;
   }
   reducer_.markReady(id);
+  if (trace_) tracePass(false);
+}
+
+void Context::tracePass(bool inWindow) {
+  // A pass is as many grad-ready calls as there are gradients.
+  std::lock_guard<std::mutex> lock(traceMutex_);
+  const double now = Tracer::nowUs();
+  if (readyInPass_++ == 0) passStartUs_ = now;
+  if (readyInPass_ < gradientCount_.load(std::memory_order_relaxed)) return;
+  trace_->span(0, "pass", passStartUs_, now,
+               std::string("\"in_window\":") + (inWindow ? "true" : "false"));
+  readyInPass_ = 0;
 }
 
 void Context::synchronize() {
@@ -162,10 +180,28 @@ void Context::synchronize() {
          "gradients; call sf_end_accumulation first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  reducer_.synchronize();
+  const double t0Us = trace_ ? Tracer::nowUs() : 0;
+  try {
+    reducer_.synchronize();
+  } catch (const Error& e) {
+    if (trace_) {
+      trace_->span(0, "synchronize", t0Us, Tracer::nowUs(),
+                   "\"window\":" + std::to_string(windowsCompleted_) + ",\"failed\":true");
+    }
+    throw;
+  }
   syncNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                  std::chrono::steady_clock::now() - t0)
                  .count();
+  if (trace_) {
+    const double end = Tracer::nowUs();
+    const std::string args = "\"window\":" + std::to_string(windowsCompleted_);
+    trace_->span(0, "synchronize", t0Us, end, args);
+    if (windowStartUs_ >= 0) trace_->span(0, "window", windowStartUs_, end, args);
+    windowStartUs_ = -1;
+    std::lock_guard<std::mutex> lock(traceMutex_);
+    readyInPass_ = 0;  // a new window starts with a new pass
+  }
   ++windowsCompleted_;
 }
 

@@ -2,6 +2,7 @@
 // The context options: defaults, the SF_* and torchrun environment, and the
 // validation every entry point shares. Owns no state.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -10,12 +11,14 @@
 namespace sfsync {
 
 // Size of the first published sf_options; smaller struct_size values are rejected.
-constexpr uint64_t kOptionsV1Size = sizeof(sf_options);
+constexpr uint64_t kOptionsV1Size = offsetof(sf_options, rendezvous) + SF_RENDEZVOUS_MAX;
 constexpr uint64_t kStatsV1Size = sizeof(sf_stats);
 
 constexpr double kDefaultBucketCapMb = 25.0;
 constexpr double kDefaultFirstBucketCapMb = 1.0;
 constexpr int64_t kDefaultTimeoutMs = 300000;
+constexpr int32_t kDefaultMaxInflight = 4;
+constexpr int32_t kMaxInflightLimit = 16;
 
 // Fills `opts` (full size) with defaults, then the environment. Throws
 // sfsync::Error naming the first variable that does not parse, after applying

@@ -239,6 +239,13 @@ void Reducer::start(Bucket& b, bool early) {
   ReduceSpec spec;
   if (opts_.reduce_op == SF_REDUCE_AVERAGE) spec.postscale = 1.0 / opts_.world_size;
   if (opts_.reduce_op == SF_REDUCE_PRESCALED_SUM) spec.prescale = opts_.prescale;
+  spec.bucket = int64_t(&b - buckets_.data());
+  spec.trace = trace_;
+  if (trace_) {
+    trace_->instant(0, "launch", "\"bucket\":" + std::to_string(spec.bucket) + ",\"bytes\":" +
+                                     std::to_string(b.plan->bytes) + ",\"early\":" +
+                                     (early ? "true" : "false"));
+  }
   try {
     b.work = backend.startAllreduce(b.storage, b.numel, b.plan->dtype, spec);
   } catch (const Error& e) {
@@ -337,6 +344,9 @@ void Reducer::synchronize() {
       } catch (const Error& e) {
         failWith(e.status(), e.what());
       }
+    }
+    if (trace_) {
+      trace_->instant(0, "finish", "\"bucket\":" + std::to_string(&b - buckets_.data()));
     }
   }
   for (auto& g : grads_) g.ready = false;
