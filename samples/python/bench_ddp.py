@@ -13,6 +13,7 @@ Variants (same model, same data, same number of micro-batches N per window):
   ddp_fp16        ddp_fwd_bwd with torch's fp16_compress_hook (16-bit wire)
   sfsync_bf16     sfsync with wire_dtype bfloat16 (16-bit wire, float32 sums)
   sfsync_fp16     sfsync with wire_dtype float16
+  sfsync_lanes1   sfsync with max_inflight 1 (one bucket collective at a time)
 
 DDP runs with its own all-reduce (no comm hook) unless --ddp-count-hook, so
 its time is DDP's; the bytes that left this rank's NIC per window
@@ -44,9 +45,11 @@ import ddp_common as common
 import sfsync
 import sfsync_torch
 
-VARIANTS = ("sfsync", "ddp_fwd_bwd", "ddp_bwd_only", "ddp_fp16", "sfsync_bf16", "sfsync_fp16")
+VARIANTS = ("sfsync", "ddp_fwd_bwd", "ddp_bwd_only", "ddp_fp16", "sfsync_bf16", "sfsync_fp16",
+            "sfsync_lanes1")
 DEFAULT_VARIANTS = ("sfsync", "ddp_fwd_bwd", "ddp_bwd_only")
-WIRE = {"sfsync": 0, "sfsync_bf16": 3, "sfsync_fp16": 2}  # sfsync DTYPE_* of the wire
+WIRE = {"sfsync": 0, "sfsync_bf16": 3, "sfsync_fp16": 2, "sfsync_lanes1": 0}  # DTYPE_* of the wire
+LANES = {"sfsync_lanes1": 1}  # max_inflight where not the default
 
 
 def parse_args(argv=None):
@@ -108,6 +111,8 @@ class Runner:
         self.counter = None
         if variant in WIRE:
             extra = {"wire_dtype": WIRE[variant]}
+            if variant in LANES:
+                extra["max_inflight"] = LANES[variant]
             if args.sfsync_store_dir:
                 extra["rendezvous"] = "file://%s/%s" % (args.sfsync_store_dir, variant)
             cap = args.sfsync_bucket_cap_mb or args.bucket_cap_mb
@@ -213,10 +218,17 @@ def bench(base, args, rank):
     results = []
     for runner in runners:
         v = runner.variant
+        if runner.sync is not None:
+            runner.bucket_bytes = [b[0] if isinstance(b, (tuple, list)) else b.get("bytes")
+                                   for b in runner.sync.buckets()]
+        else:
+            sizes = runner.ddp._get_ddp_logging_data().get("bucket_sizes", "")
+            runner.bucket_bytes = [int(x) for x in str(sizes).split(",") if x.strip()]
         sync_ms = None
         if runner.sync is not None:
             sync_ms = (runner.sync_ms_total() - sync0[v]) / args.windows
         results.append(summarize(runner, times[v], calls[v], nbytes[v], sync_ms, nic[v]))
+        results[-1]["bucket_bytes"] = runner.bucket_bytes
         runner.close()
     return results
 
@@ -232,6 +244,7 @@ def main(argv=None):
     results = bench(base, args, rank)
 
     expected = {"sfsync": grad_bytes, "sfsync_bf16": grad_bytes, "sfsync_fp16": grad_bytes,
+                "sfsync_lanes1": grad_bytes,
                 "ddp_fwd_bwd": grad_bytes, "ddp_bwd_only": n * grad_bytes}
     problems = ["%s moved %s bytes per window, expected %d" % (r["variant"], r["bytes_per_window"],
                                                                expected[r["variant"]])
