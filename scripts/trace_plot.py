@@ -63,7 +63,9 @@ def plot(events, meta, out, title):
         rows += [(r, t, "rank %d lane %d" % (r, t - 1)) for t in lanes[r]]
     y = {(r, t): len(rows) - 1 - i for i, (r, t, _) in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(rows) + 1.6))
-    cmap = plt.get_cmap("tab20")
+    palette = ["#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#e45756", "#eeca3b", "#bab0ac",
+               "#ff9da6", "#8cd17d", "#499894"]  # none is a host colour
+    cmap = lambda b: palette[b % len(palette)]
     ms = lambda us: (us - t0) / 1000.0
     colors = {"window": "#dddddd", "pass": "#4c78a8", "synchronize": "#f58518"}
     heights = {"window": 0.9, "pass": 0.5, "synchronize": 0.5}
@@ -77,7 +79,7 @@ def plot(events, meta, out, title):
                     edgecolor="none")
         elif e["ph"] == "X" and e["name"] == "wire":
             b = e["args"].get("bucket", 0)
-            ax.barh(row, e["dur"] / 1000.0, left=ms(e["ts"]), height=0.6, color=cmap(b % 20),
+            ax.barh(row, e["dur"] / 1000.0, left=ms(e["ts"]), height=0.6, color=cmap(b),
                     edgecolor="black", linewidth=0.3)
         elif e["ph"] == "i" and e["name"] in ("launch", "finish"):
             ax.plot(ms(e["ts"]), row + 0.38, marker="^" if e["name"] == "launch" else "|",
