@@ -14,6 +14,7 @@ Variants (same model, same data, same number of micro-batches N per window):
   sfsync_bf16     sfsync with wire_dtype bfloat16 (16-bit wire, float32 sums)
   sfsync_fp16     sfsync with wire_dtype float16
   sfsync_lanes1   sfsync with max_inflight 1 (one bucket collective at a time)
+  ddp_same_cap    ddp_fwd_bwd with sfsync's bucket cap (--sfsync-bucket-cap-mb)
 
 DDP runs with its own all-reduce (no comm hook) unless --ddp-count-hook, so
 its time is DDP's; the bytes that left this rank's NIC per window
@@ -46,7 +47,7 @@ import sfsync
 import sfsync_torch
 
 VARIANTS = ("sfsync", "ddp_fwd_bwd", "ddp_bwd_only", "ddp_fp16", "sfsync_bf16", "sfsync_fp16",
-            "sfsync_lanes1")
+            "sfsync_lanes1", "ddp_same_cap")
 DEFAULT_VARIANTS = ("sfsync", "ddp_fwd_bwd", "ddp_bwd_only")
 WIRE = {"sfsync": 0, "sfsync_bf16": 3, "sfsync_fp16": 2, "sfsync_lanes1": 0}  # DTYPE_* of the wire
 LANES = {"sfsync_lanes1": 1}  # max_inflight where not the default
@@ -121,7 +122,10 @@ class Runner:
                                                   **extra)
             self.module = self.model
         else:
-            self.ddp = DDP(self.model, bucket_cap_mb=args.bucket_cap_mb)
+            cap = args.bucket_cap_mb
+            if variant == "ddp_same_cap":
+                cap = args.sfsync_bucket_cap_mb or args.bucket_cap_mb
+            self.ddp = DDP(self.model, bucket_cap_mb=cap)
             if variant == "ddp_fp16":
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
                 self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -148,7 +152,7 @@ class Runner:
             return (s1["collectives_issued"] - s0["collectives_issued"],
                     s1["bytes_reduced"] - s0["bytes_reduced"])
         c0 = self.counter.snapshot() if self.counter else (None, None)
-        if self.variant in ("ddp_fwd_bwd", "ddp_fp16"):
+        if self.variant in ("ddp_fwd_bwd", "ddp_fp16", "ddp_same_cap"):
             with self.ddp.no_sync():
                 for x, y in batches[:-1]:
                     self._step(x, y)
@@ -221,9 +225,8 @@ def bench(base, args, rank):
         if runner.sync is not None:
             runner.bucket_bytes = [b[0] if isinstance(b, (tuple, list)) else b.get("bytes")
                                    for b in runner.sync.buckets()]
-        else:
-            sizes = runner.ddp._get_ddp_logging_data().get("bucket_sizes", "")
-            runner.bucket_bytes = [int(x) for x in str(sizes).split(",") if x.strip()]
+        else:  # torch 1.13's logging data keeps the plan from before DDP rebuilds its buckets
+            runner.bucket_bytes = None
         sync_ms = None
         if runner.sync is not None:
             sync_ms = (runner.sync_ms_total() - sync0[v]) / args.windows
@@ -245,7 +248,8 @@ def main(argv=None):
 
     expected = {"sfsync": grad_bytes, "sfsync_bf16": grad_bytes, "sfsync_fp16": grad_bytes,
                 "sfsync_lanes1": grad_bytes,
-                "ddp_fwd_bwd": grad_bytes, "ddp_bwd_only": n * grad_bytes}
+                "ddp_fwd_bwd": grad_bytes, "ddp_same_cap": grad_bytes,
+                "ddp_bwd_only": n * grad_bytes}
     problems = ["%s moved %s bytes per window, expected %d" % (r["variant"], r["bytes_per_window"],
                                                                expected[r["variant"]])
                 for r in results if r["bytes_per_window"] is not None
