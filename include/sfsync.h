@@ -123,10 +123,11 @@ typedef struct sf_options {
    *    "memory://name"     an in-process store: ranks are threads of one process */
   char rendezvous[SF_RENDEZVOUS_MAX];
   /** Since 0.2. Bucket collectives that may be on the wire at once (Gloo:
-   *  one connection and worker thread per slot; bucket i of the sequence
-   *  goes to slot i mod max_inflight on every rank, each slot keeps its
-   *  order). 1..16; env SF_MAX_INFLIGHT (default 4). Older callers'
-   *  structs get the default. The NCCL backend ignores it. */
+   *  one connection and worker thread per lane; a bucket over 4 MiB travels
+   *  as 4 MiB pieces; the n-th piece started goes to lane n mod
+   *  max_inflight on every rank, each lane keeps its order). 1..16; env
+   *  SF_MAX_INFLIGHT (default 4). Older callers' structs get the default.
+   *  The NCCL backend ignores it. */
   int32_t max_inflight;
   /** Since 0.2. How float32 buckets travel (Gloo): SF_DTYPE_FLOAT32 (0, the
    *  default: as they are), SF_DTYPE_BFLOAT16 or SF_DTYPE_FLOAT16 (half the
