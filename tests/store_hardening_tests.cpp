@@ -31,6 +31,7 @@
 
 #include "plugin/backend/gloo_backend.h"
 #include "plugin/core/error.h"
+#include "plugin/core/log.h"
 #include "plugin/core/options.h"
 #include "plugin/rendezvous/memory_store.h"
 #include "plugin/rendezvous/store_factory.h"
@@ -366,49 +367,51 @@ BOOST_AUTO_TEST_CASE(oversize_values_are_rejected_without_growing_memory) {
   BOOST_TEST(server.get("small").size() == 2u);
 }
 
-BOOST_AUTO_TEST_CASE(store_survives_fd_exhaustion_process) {
-  // In a child (setrlimit is per process): the server runs out of fds on
-  // accept, strangers go away, and the job's client is still served. 0.1's
-  // accept thread died on EMFILE and the client then hung.
-  const int port = sftest::freePort();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int rc = 1;
-    try {
-      TcpStore server("127.0.0.1", port, true, milliseconds(3000));
-      rlimit lim{};
-      ::getrlimit(RLIMIT_NOFILE, &lim);
-      lim.rlim_cur = rlim_t(openFds() + 12);
-      ::setrlimit(RLIMIT_NOFILE, &lim);
-      std::vector<int> strangers;
-      for (int i = 0; i < 40; ++i) {
-        int fd = connectTo(port);
-        if (fd >= 0) strangers.push_back(fd);
-      }
-      std::this_thread::sleep_for(milliseconds(300));
-      for (int fd : strangers) ::close(fd);
-      std::this_thread::sleep_for(milliseconds(300));
-      TcpStore client("127.0.0.1", port, false, milliseconds(3000));
-      client.set("k", bytes("v"));
-      rc = client.get("k").size() == 1 ? 0 : 2;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child: %s\n", e.what());
-      rc = 3;
+// The child's half of store_survives_fd_exhaustion: runs only when the
+// test below starts this binary again with SF_TEST_EMFILE_CHILD=1 (a fresh
+// process: setrlimit is per process, and fork without exec is unsafe under
+// the sanitizers).
+BOOST_AUTO_TEST_CASE(fd_exhaustion_child) {
+  if (!std::getenv("SF_TEST_EMFILE_CHILD")) return;
+  const int port = std::atoi(std::getenv("SF_TEST_EMFILE_CHILD"));
+  int rc = 1;
+  try {
+    TcpStore server("127.0.0.1", port, true, milliseconds(3000));
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = rlim_t(openFds() + 12);
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+    std::vector<int> strangers;
+    for (int i = 0; i < 40; ++i) {
+      int fd = connectTo(port);
+      if (fd >= 0) strangers.push_back(fd);
     }
-    ::_exit(rc);
+    std::this_thread::sleep_for(milliseconds(300));
+    for (int fd : strangers) ::close(fd);
+    std::this_thread::sleep_for(milliseconds(300));
+    TcpStore client("127.0.0.1", port, false, milliseconds(3000));
+    client.set("k", bytes("v"));
+    rc = client.get("k").size() == 1 ? 0 : 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child: %s\n", e.what());
+    rc = 3;
   }
-  int status = 0;
-  bool done = false;
-  for (int i = 0; i < 300 && !done; ++i) {
-    done = ::waitpid(pid, &status, WNOHANG) == pid;
-    if (!done) std::this_thread::sleep_for(milliseconds(50));
-  }
-  if (!done) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  BOOST_TEST(done, "the child hung: the store stopped serving after EMFILE");
-  BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 0), "child status " << status);
+  std::fflush(stderr);
+  ::_exit(rc);
+}
+
+BOOST_AUTO_TEST_CASE(store_survives_fd_exhaustion_process) {
+  // In a child: the server runs out of fds on accept, the strangers go
+  // away, and the job's client is still served. 0.1's accept thread died on
+  // EMFILE and the client then hung.
+  if (std::getenv("SF_TEST_EMFILE_CHILD")) return;
+  const std::string self = boost::unit_test::framework::master_test_suite().argv[0];
+  const sftest::ProcessResult r = sftest::runProcess(
+      {self, "--run_test=store_hardening_tests/fd_exhaustion_child", "--log_level=nothing"},
+      {{"SF_TEST_EMFILE_CHILD", std::to_string(sftest::freePort())}, {"SF_DEBUG", "WARN"}}, 20);
+  BOOST_TEST(!r.timedOut, "the child hung: the store stopped serving after EMFILE");
+  BOOST_TEST(r.exitCode == 0, r.output);
+  BOOST_TEST(r.output.find("no file descriptor left") != std::string::npos, r.output);
 }
 
 // ---- Only the job gets in -------------------------------------------------------
@@ -463,6 +466,66 @@ BOOST_AUTO_TEST_CASE(rank_key_cannot_be_overwritten) {
   BOOST_TEST(o.message.find("sfsync/1") != std::string::npos, o.message);
   const auto v = server.get("sfsync/1");
   BOOST_TEST(std::string(v.begin(), v.end()) == "10.0.0.1:1234");
+}
+
+BOOST_AUTO_TEST_CASE(open_store_warns_once_and_each_rejected_client_is_logged) {
+  const std::string logPath = "/tmp/" + sftest::uniqueName("store-log");
+  {
+    ScopedEnv level("SF_DEBUG", "WARN"), file("SF_DEBUG_FILE", logPath);
+    logReconfigure();
+    const int port = sftest::freePort();
+    {
+      // No token, a non-loopback address: one warning that the store is open.
+      TcpStore server("0.0.0.0", port, true, milliseconds(3000));
+      for (int i = 0; i < 3; ++i) {
+        int fd = connectTo(port);
+        const char garbage[] = "\x05\x00\x00\x00Zjunk";
+        (void)!::send(fd, garbage, sizeof garbage - 1, MSG_NOSIGNAL);
+        char b[256];
+        while (::recv(fd, b, sizeof b, 0) > 0) {
+        }
+        ::close(fd);
+      }
+    }
+    {
+      ScopedEnv token("SF_AUTH_TOKEN", "secret");
+      TcpStore server("0.0.0.0", sftest::freePort(), true, milliseconds(3000));  // no warning
+    }
+  }
+  logReconfigure();
+  std::ifstream f(logPath);
+  std::string line;
+  int open = 0, rejected = 0;
+  while (std::getline(f, line)) {
+    open += line.find("WARN store") != std::string::npos && line.find("is open") != std::string::npos;
+    rejected += line.find("WARN store") != std::string::npos && line.find("rejected client 127.0.0.1:") != std::string::npos;
+  }
+  ::unlink(logPath.c_str());
+  BOOST_TEST(open == 1);
+  BOOST_TEST(rejected == 3);
+}
+
+BOOST_AUTO_TEST_CASE(stranger_speaking_the_protocol_without_token_reads_nothing) {
+  // A raw client that skips authentication and asks for a key is answered
+  // with an error and disconnected; it never sees a value.
+  const int port = sftest::freePort();
+  ScopedEnv token("SF_AUTH_TOKEN", "job-secret-3");
+  TcpStore server("127.0.0.1", port, true, milliseconds(3000));
+  server.set("sfsync/0", bytes("SECRET-ADDRESS"));
+  int fd = connectTo(port);
+  // Body: 'G', a 4-byte length 8, "sfsync/0" (13 bytes).
+  const std::string frame = std::string("\x0d\x00\x00\x00G\x08\x00\x00\x00", 9) + "sfsync/0";
+  (void)!::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+  std::string seen;
+  char b[4096];
+  ssize_t n;
+  timeval tv{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  while ((n = ::recv(fd, b, sizeof b, 0)) > 0) seen.append(b, size_t(n));
+  ::close(fd);
+  BOOST_TEST(n == 0, "the store did not close the connection");
+  BOOST_TEST(seen.find("SECRET-ADDRESS") == std::string::npos);
+  BOOST_TEST(seen.find("authenticate first") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -210,7 +210,7 @@ class TcpStoreServer {
         Conn& c = *conns_[i];
         const short re = fds[i + 2].revents;
         if (re & (POLLERR | POLLNVAL)) {
-          if (!c.authenticated) logRejected(c, "connection error before authenticating");
+          if (!c.authenticated) logRejected(c, "went away (connection reset) before authenticating");
           c.dead = true;
           continue;
         }
