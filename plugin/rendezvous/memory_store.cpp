@@ -73,8 +73,15 @@ void MemoryStore::wait(const std::vector<std::string>& keys,
   const bool done = cv_.wait_until(lock, deadlineAfter(timeout), allThere);
   if (!poison_.empty()) fail(SF_ERR_MISMATCH, poison_);
   if (!done) {
+    std::string missing = keys.front();
+    for (const auto& k : keys) {
+      if (!data_.count(k)) {
+        missing = k;
+        break;
+      }
+    }
     fail(SF_ERR_TIMEOUT, "rendezvous memory://" + name_ + ": timed out after " +
-                             std::to_string(timeout.count()) + " ms waiting for key '" + keys.front() +
+                             std::to_string(timeout.count()) + " ms waiting for key '" + missing +
                              "' (a rank did not arrive?)");
   }
 }

@@ -454,11 +454,22 @@ TcpStore::TcpStore(const std::string& host, int port, bool isServer,
     : host_(host), port_(port), timeout_(timeout), token_(jobToken()) {
   const auto deadline = deadlineAfter(timeout);
   if (isServer) server_ = std::make_unique<TcpStoreServer>(host, port, token_, StoreLimits::forWorld(worldSize));
-  connectUntil(deadline);
-  handshake(deadline);
-  if (rank >= 0) {
-    request(sp::encode('C', {std::to_string(rank)}), "its claim of rank " + std::to_string(rank),
-            std::max(deadline, Clock::now() + kLastRequestGrace));
+  try {
+    // A server that closes before its hello (out of descriptors, restarting)
+    // is retried like one that is not up yet.
+    for (;;) {
+      connectUntil(deadline);
+      if (handshake(deadline)) break;
+      std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(20), deadline - Clock::now()));
+    }
+    if (rank >= 0) {
+      request(sp::encode('C', {std::to_string(rank)}), "its claim of rank " + std::to_string(rank),
+              std::max(deadline, Clock::now() + kLastRequestGrace));
+    }
+  } catch (...) {
+    if (fd_ >= 0) ::close(fd_);  // the destructor does not run for a throwing constructor
+    fd_ = -1;
+    throw;
   }
 }
 
@@ -577,7 +588,7 @@ char readUntil(int fd, sp::FrameParser& parser, Clock::time_point deadline, sp::
 
 }  // namespace
 
-void TcpStore::handshake(Clock::time_point deadline) {
+bool TcpStore::handshake(Clock::time_point deadline) {
   sp::FrameParser parser(sp::kMaxHandshakeFrame);
   sp::Message hello;
   std::string why;
@@ -589,6 +600,11 @@ void TcpStore::handshake(Clock::time_point deadline) {
                                  " ms (is rank 0 stopped or hung, or is another program listening on "
                                  "MASTER_PORT?)");
     case 'X':
+      if (Clock::now() < deadline) {
+        ::close(fd_);
+        fd_ = -1;
+        return false;  // try again
+      }
       broken(SF_ERR_BACKEND, "rendezvous env://: the store at " + where() + " " + why + " before its hello");
     case 'P':
       broken(SF_ERR_BACKEND, "rendezvous env://: " + where() +
@@ -639,6 +655,7 @@ void TcpStore::handshake(Clock::time_point deadline) {
                                " failed the authentication check: it does not know the job token");
   }
   parser_ = sp::FrameParser(64 + 1024 + maxValueBytes_);
+  return true;
 }
 
 void TcpStore::drainPushed() {

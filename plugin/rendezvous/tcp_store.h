@@ -71,7 +71,8 @@ class TcpStore : public gloo::rendezvous::Store, public StoreHealth {
     std::vector<std::string> fields;
   };
   void connectUntil(Clock::time_point deadline);
-  void handshake(Clock::time_point deadline);
+  // false if the server closed before its hello (the caller retries).
+  bool handshake(Clock::time_point deadline);
   // One request and its reply, both bounded by `deadline`; 'E' replies
   // become sfsync::Error. `what` names the request in messages.
   Reply request(const std::string& frame, const std::string& what, Clock::time_point deadline);
