@@ -11,6 +11,7 @@
 #include "plugin/backend/gloo_mesh.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
+#include "plugin/rendezvous/deadline.h"
 #include "plugin/rendezvous/store_factory.h"
 
 namespace sfsync {
@@ -64,7 +65,15 @@ GlooBackend::~GlooBackend() = default;
 void GlooBackend::connect() {
   if (context_) return;
   // On the worker thread: Gloo's event loop inherits its blocked SIGPIPE.
-  executor_.submit([this] { connectHere(); }).get().throwIfFailed();
+  // Every wait inside is bounded by timeout_ms; this bound (plus the
+  // documented slack) keeps the caller's promise even if one were not.
+  auto done = executor_.submit([this] { connectHere(); });
+  if (done.wait_until(deadlineAfter(std::chrono::milliseconds(opts_.timeout_ms)) +
+                      std::chrono::seconds(2)) != std::future_status::ready) {
+    fail(SF_ERR_TIMEOUT, "gloo connect: no result within timeout_ms = " +
+                             std::to_string(opts_.timeout_ms) + " (+2 s)");
+  }
+  done.get().throwIfFailed();
 }
 
 void GlooBackend::connectHere() {

@@ -152,7 +152,8 @@ std::shared_ptr<gloo::Context> connectGlooMesh(gloo::rendezvous::Store& store,
   }
   store.set(std::to_string(rank), all);
 
-  Watchdog watchdog(deadline, dynamic_cast<StoreHealth*>(&store), [&] {
+  StoreHealth* health = dynamic_cast<StoreHealth*>(&store);
+  Watchdog watchdog(deadline, health, [&] {
     for (int i = 0; i < size; ++i) {
       if (i != rank) pairs->getPair(i)->close();  // wakes a connect waiting in Gloo
     }
@@ -177,6 +178,17 @@ std::shared_ptr<gloo::Context> connectGlooMesh(gloo::rendezvous::Store& store,
     }
     if (watchdog.fired() && watchdog.status() != SF_OK) {
       fail(watchdog.status(), watchdog.message() + " (while connecting to " + who + ")");
+    }
+    if ((watchdog.fired() || !error.empty()) && health) {
+      // A peer that vanished may have left because the store failed the
+      // job (a second claimant): that verdict is the error to report.
+      try {
+        health->checkHealth();
+      } catch (const Error& e) {
+        if (e.status() == SF_ERR_MISMATCH) {
+          fail(e.status(), std::string(e.what()) + " (while connecting to " + who + ")");
+        }  // else the peer's own error below says more
+      }
     }
     if (watchdog.fired()) {
       fail(SF_ERR_TIMEOUT, "gloo connect: timed out after " + t + " ms " +

@@ -17,9 +17,9 @@
 //                     'G' key                    get
 //   server -> client  'K' [value] | 'N' (not set yet) | 'E' code message
 //
-// Error codes: 'M' the job is inconsistent (two claimants, a key written
-// twice), 'L' a limit was exceeded, 'A' authentication failed, 'P' not
-// this protocol.
+// Error codes: 'J' the job failed (a rank claimed twice; also pushed
+// unasked to every client), 'M' a key written twice, 'L' a limit was
+// exceeded, 'A' authentication failed, 'P' not this protocol.
 
 #include <cstddef>
 #include <cstdint>

@@ -335,14 +335,17 @@ class TcpStoreServer {
       }
       handle(c, req);
     }
-    if (c.outOff < c.out.size() && !c.dead) {
-      // Try at once; the loop waits for POLLOUT if the socket is full.
-      ssize_t w = ::send(c.fd, c.out.data() + c.outOff, c.out.size() - c.outOff, MSG_NOSIGNAL);
-      if (w > 0) c.outOff += size_t(w);
-      if (c.outOff == c.out.size()) {
-        c.out.clear();
-        c.outOff = 0;
-      }
+    if (!c.dead) trySend(c);
+  }
+
+  // Sends what the socket takes now; the loop waits for POLLOUT for the rest.
+  void trySend(Conn& c) {
+    if (c.outOff >= c.out.size()) return;
+    ssize_t w = ::send(c.fd, c.out.data() + c.outOff, c.out.size() - c.outOff, MSG_NOSIGNAL);
+    if (w > 0) c.outOff += size_t(w);
+    if (c.outOff == c.out.size()) {
+      c.out.clear();
+      c.outOff = 0;
     }
   }
 
@@ -368,7 +371,7 @@ class TcpStoreServer {
       return;
     }
     if (!poison_.empty()) {
-      c.out += sp::encode('E', {"M", poison_});
+      c.out += sp::encode('E', {"J", poison_});
       return;
     }
     switch (req.op) {
@@ -385,10 +388,11 @@ class TcpStoreServer {
           // their pairs) poll for this and stop too.
           for (auto& other : conns_) {
             if (other->authenticated && !other->dead && other.get() != &c) {
-              other->out += sp::encode('E', {"M", poison_});
+              other->out += sp::encode('E', {"J", poison_});
+              trySend(*other);
             }
           }
-          c.out += sp::encode('E', {"M", poison_});
+          c.out += sp::encode('E', {"J", poison_});
           return;
         }
         c.out += sp::encode('K', {});
@@ -659,6 +663,7 @@ bool TcpStore::handshake(Clock::time_point deadline) {
 }
 
 void TcpStore::drainPushed() {
+  if (!poisonedBy_.empty()) fail(SF_ERR_MISMATCH, "rendezvous env://: " + poisonedBy_);
   if (!brokenBy_.empty()) {
     fail(SF_ERR_BACKEND, "rendezvous env://: the connection to the store at " + where() +
                              " is unusable after an earlier error: " + brokenBy_);
@@ -675,8 +680,11 @@ void TcpStore::drainPushed() {
       broken(SF_ERR_BACKEND, "rendezvous env://: bad data from the store at " + where() + ": " + why);
   }
   const std::string message = m.fields.size() > 1 ? m.fields[1] : "error";
-  fail(m.type == 'E' && !m.fields.empty() && m.fields[0] == "M" ? SF_ERR_MISMATCH : SF_ERR_BACKEND,
-       "rendezvous env://: " + message);
+  if (m.type == 'E' && !m.fields.empty() && m.fields[0] == "J") {
+    poisonedBy_ = message;
+    fail(SF_ERR_MISMATCH, "rendezvous env://: " + message);
+  }
+  broken(SF_ERR_BACKEND, "rendezvous env://: unexpected data from the store at " + where() + ": " + message);
 }
 
 void TcpStore::checkHealth() {
@@ -708,7 +716,10 @@ TcpStore::Reply TcpStore::request(const std::string& frame, const std::string& w
   if (m.type == 'E') {
     const std::string code = m.fields.empty() ? "" : m.fields[0];
     const std::string message = m.fields.size() > 1 ? m.fields[1] : "error";
-    const int status = code == "M" ? SF_ERR_MISMATCH : code == "L" ? SF_ERR_INVALID_ARGUMENT : SF_ERR_BACKEND;
+    if (code == "J") poisonedBy_ = message;  // the job is over: say so on every later call
+    const int status = code == "M" || code == "J" ? SF_ERR_MISMATCH
+                       : code == "L"               ? SF_ERR_INVALID_ARGUMENT
+                                                   : SF_ERR_BACKEND;
     fail(status, "rendezvous env://: " + message);
   }
   return {m.type, std::move(m.fields)};

@@ -89,7 +89,8 @@ class TcpStore : public gloo::rendezvous::Store, public StoreHealth {
   std::mutex mutex_;  // one request at a time on the socket
   int fd_ = -1;
   store_protocol::FrameParser parser_{store_protocol::kMaxHandshakeFrame};
-  std::string brokenBy_;  // set once the connection is unusable
+  std::string brokenBy_;    // set once the connection is unusable
+  std::string poisonedBy_;  // set once the server said the job failed (two claimants)
 };
 
 }  // namespace sfsync
