@@ -318,6 +318,24 @@ BOOST_AUTO_TEST_CASE(memory_name_reused_while_first_job_lives_fails_fast) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(file_store_missing_rank_times_out_and_reused_directory_is_a_mismatch) {
+  const std::string dir = "/tmp/" + sftest::uniqueName("sfsync-filestore");
+  const std::string url = "file://" + dir;
+  // Rank 1 never arrives: bounded, naming the key and the directory.
+  const Outcome missing = bounded([&] { GlooBackend(gloo2(0, url, 800)).connect(); }, 30);
+  expectBounded(missing, 0.8, {SF_ERR_TIMEOUT});
+  BOOST_TEST(missing.message.find("sfsync%2f1") == std::string::npos);
+  BOOST_TEST(missing.message.find("'sfsync/1'") != std::string::npos, missing.message);
+  BOOST_TEST(missing.message.find(dir) != std::string::npos, missing.message);
+  // A second job in the same directory meets the first job's keys: written
+  // once, so a fast SF_ERR_MISMATCH instead of connecting to stale addresses.
+  const Outcome reused = bounded([&] { GlooBackend(gloo2(0, url, 5000)).connect(); }, 30);
+  BOOST_TEST(reused.finished);
+  BOOST_TEST(reused.status == SF_ERR_MISMATCH, reused.message);
+  BOOST_TEST(reused.seconds < 2.0, reused.seconds);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // ---- A store that survives strangers ------------------------------------------
 
 BOOST_AUTO_TEST_CASE(no_fd_or_thread_kept_per_closed_or_garbage_connection) {
