@@ -473,6 +473,35 @@ BOOST_AUTO_TEST_CASE(client_with_a_wrong_token_is_refused) {
   BOOST_TEST(o.message.find("authentication") != std::string::npos, o.message);
 }
 
+BOOST_AUTO_TEST_CASE(token_from_a_file_admits_the_job_and_a_bad_file_is_named) {
+  const std::string path = "/tmp/" + sftest::uniqueName("token");
+  {
+    std::ofstream f(path);
+    f << "file-secret\n";  // the trailing newline is not part of the token
+  }
+  const int port = sftest::freePort();
+  std::unique_ptr<TcpStore> server;
+  {
+    ScopedEnv file("SF_AUTH_TOKEN_FILE", path);
+    server = std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000));
+  }
+  {
+    ScopedEnv token("SF_AUTH_TOKEN", "file-secret");
+    const Outcome ok = bounded(
+        [&] {
+          TcpStore rank1("127.0.0.1", port, false, milliseconds(3000));
+          rank1.set("k", bytes("v"));
+        },
+        10);
+    BOOST_TEST(ok.status == SF_OK, ok.message);
+  }
+  ::unlink(path.c_str());
+  ScopedEnv missing("SF_AUTH_TOKEN_FILE", path);
+  const Outcome bad = bounded([&] { TcpStore("127.0.0.1", port, false, milliseconds(1000)); }, 10);
+  BOOST_TEST(bad.status == SF_ERR_INVALID_ARGUMENT, bad.message);
+  BOOST_TEST(bad.message.find(path) != std::string::npos, bad.message);
+}
+
 BOOST_AUTO_TEST_CASE(rank_key_cannot_be_overwritten) {
   const int port = sftest::freePort();
   TcpStore server("127.0.0.1", port, true, milliseconds(3000));
