@@ -125,9 +125,17 @@ typedef struct sf_options {
   /** Where ranks meet; env SF_RENDEZVOUS, else "env://" when MASTER_ADDR is
    *  set, else "" (only valid for world_size 1). Forms:
    *    "env://"            a TCP store served by rank 0 on MASTER_ADDR:MASTER_PORT
-   *    "file:///dir"       Gloo's FileStore in a fresh directory (one per job)
-   *    "redis://host:port[/prefix]"  Gloo's RedisStore (one prefix per job)
-   *    "memory://name"     an in-process store: ranks are threads of one process */
+   *    "file:///dir"       one file per key in a fresh directory (one per job)
+   *    "redis://host:port[/prefix]"  a Redis server (one prefix per job)
+   *    "memory://name"     an in-process store: ranks are threads of one process
+   *  Every rendezvous wait ends within timeout_ms (+ at most 2 s): SF_ERR_TIMEOUT
+   *  or SF_ERR_BACKEND naming what was waited for. Keys are written once and
+   *  each rank is claimed once: a reused directory, prefix or live memory://
+   *  name, or two processes with the same rank, is SF_ERR_MISMATCH (since 0.2).
+   *  env://: with SF_AUTH_TOKEN or SF_AUTH_TOKEN_FILE set (the same on every
+   *  rank; sfsync-run sets one), rank 0's store admits only clients that prove
+   *  they know it; a client without it, or with another, gets SF_ERR_BACKEND
+   *  (since 0.2). */
   char rendezvous[SF_RENDEZVOUS_MAX];
   /** Since 0.2. Bucket collectives that may be on the wire at once (Gloo:
    *  one connection and worker thread per lane; a bucket over 4 MiB travels

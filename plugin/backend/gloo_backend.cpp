@@ -9,9 +9,11 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "plugin/backend/gloo_mesh.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/core/tracer.h"
+#include "plugin/rendezvous/deadline.h"
 #include "plugin/rendezvous/store_factory.h"
 
 namespace sfsync {
@@ -84,17 +86,28 @@ GlooBackend::~GlooBackend() = default;
 void GlooBackend::connect() {
   if (!lanes_.empty()) return;
   // On the worker threads: Gloo's event loops inherit their blocked SIGPIPE.
-  if (!context_) executor_.submit([this] { connectHere(); }).get().throwIfFailed();
+  // Every wait inside is bounded by timeout_ms; this bound (plus the
+  // documented slack) keeps the caller's promise even if one were not.
+  auto bounded = [this](std::future<TaskResult> done, const char* what) {
+    if (done.wait_until(deadlineAfter(std::chrono::milliseconds(opts_.timeout_ms)) +
+                        std::chrono::seconds(2)) != std::future_status::ready) {
+      fail(SF_ERR_TIMEOUT, std::string("gloo ") + what + ": no result within timeout_ms = " +
+                               std::to_string(opts_.timeout_ms) + " (+2 s)");
+    }
+    done.get().throwIfFailed();
+  };
+  if (!context_) bounded(executor_.submit([this] { connectHere(); }), "connect");
   const size_t lanes = laneExecutors_.size() + 1;
-  std::vector<std::shared_ptr<gloo::Context>> contexts(lanes);
-  contexts[0] = context_;
-  // One lane after the other: a store need not be thread-safe (Gloo's
-  // RedisStore shares one hiredis connection).
+  // Shared with the tasks: a task that outlives a timed-out wait writes here.
+  auto contexts = std::make_shared<std::vector<std::shared_ptr<gloo::Context>>>(lanes);
+  (*contexts)[0] = context_;
+  // One lane after the other: a store need not be thread-safe.
   for (size_t k = 1; k < lanes; ++k) {
-    executorOf(k).submit([this, k, &contexts] { contexts[k] = connectLane(k); }).get().throwIfFailed();
+    bounded(executorOf(k).submit([this, k, contexts] { (*contexts)[k] = connectLane(k); }),
+            "connect (lane)");
   }
   wireScratch_.resize(lanes);
-  lanes_ = contexts;
+  lanes_ = *contexts;
 }
 
 void GlooBackend::connectHere() {
@@ -102,10 +115,9 @@ void GlooBackend::connectHere() {
   glooCall("connect", [&] {
     gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(opts_.rank, opts_.world_size);
-    context->setTimeout(std::chrono::milliseconds(opts_.timeout_ms));
-    context->connectFullMesh(*store_, device);
-    context_ = context;
+    // Our own full-mesh connect: Gloo's waits 5 x timeout for a silent peer.
+    context_ = connectGlooMesh(*store_, device, opts_.rank, opts_.world_size,
+                               std::chrono::milliseconds(opts_.timeout_ms));
   });
 }
 
@@ -116,10 +128,9 @@ std::shared_ptr<gloo::Context> GlooBackend::connectLane(size_t k) {
     gloo::rendezvous::PrefixStore store("lane" + std::to_string(k), *store_);
     gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(opts_.rank, opts_.world_size);
-    context->setTimeout(std::chrono::milliseconds(opts_.timeout_ms));
-    context->connectFullMesh(store, device);
-    made = context;
+    // The same bounded connect as the first lane (Gloo's waits 5 x timeout).
+    made = connectGlooMesh(store, device, opts_.rank, opts_.world_size,
+                           std::chrono::milliseconds(opts_.timeout_ms));
   });
   return made;
 }
