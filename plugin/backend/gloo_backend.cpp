@@ -13,7 +13,7 @@
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/core/tracer.h"
-#include "plugin/rendezvous/deadline.h"
+#include "plugin/core/deadline.h"
 #include "plugin/rendezvous/store_factory.h"
 
 namespace sfsync {

@@ -19,7 +19,7 @@
 #include <gloo/transport/tcp/address.h>
 
 #include "plugin/core/error.h"
-#include "plugin/rendezvous/deadline.h"
+#include "plugin/core/deadline.h"
 #include "plugin/rendezvous/store_health.h"
 
 namespace sfsync {

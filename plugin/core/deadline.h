@@ -75,4 +75,22 @@ class Deadline {
   Clock::time_point at_;
 };
 
+using Clock = std::chrono::steady_clock;
+
+// now + ms as a time point (clamped like every timeout, saturating): for
+// code that keeps a bare time point rather than a Deadline.
+inline Clock::time_point deadlineAfter(std::chrono::milliseconds ms,
+                                       Clock::time_point now = Clock::now()) {
+  if (ms.count() <= 0) return now;
+  return Deadline::saturatingAdd(now, timeoutDuration(int64_t(ms.count())));
+}
+
+// Whole milliseconds until `deadline` (0 if past, rounded up), for poll(2).
+inline int pollMs(Clock::time_point deadline) {
+  const auto now = Clock::now();
+  if (deadline <= now) return 0;
+  const int64_t left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+  return left > int64_t(INT_MAX) ? INT_MAX : int(left);
+}
+
 }  // namespace sfsync

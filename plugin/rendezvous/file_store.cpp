@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "plugin/core/error.h"
-#include "plugin/rendezvous/deadline.h"
+#include "plugin/core/deadline.h"
 #include "plugin/rendezvous/job_token.h"
 
 namespace sfsync {

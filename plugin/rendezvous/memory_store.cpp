@@ -1,7 +1,7 @@
 #include "plugin/rendezvous/memory_store.h"
 
 #include "plugin/core/error.h"
-#include "plugin/rendezvous/deadline.h"
+#include "plugin/core/deadline.h"
 
 namespace sfsync {
 

@@ -13,7 +13,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "plugin/rendezvous/deadline.h"
+#include "plugin/core/deadline.h"
 
 struct redisContext;
 struct redisReply;

@@ -23,7 +23,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "plugin/rendezvous/deadline.h"
+#include "plugin/core/deadline.h"
 #include "plugin/rendezvous/store_health.h"
 #include "plugin/rendezvous/store_protocol.h"
 
