@@ -192,6 +192,17 @@ BOOST_AUTO_TEST_CASE(broadcast_rules_2_thread_ranks) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(broadcast_with_backend_nccl_is_unsupported_before_any_connection) {
+  sf_options o = rankOptions(1, 2, "memory://" + uniqueName("bcast-nccl"), 60000);
+  o.backend = SF_BACKEND_NCCL;
+  ContextHandle h;
+  BOOST_REQUIRE(sf_create(&o, &h.ctx) == SF_OK);
+  char buf[8] = {0};
+  BOOST_TEST(sf_broadcast(h.ctx, buf, sizeof buf, 0) == SF_ERR_UNSUPPORTED);  // no wait for rank 0
+  BOOST_TEST(std::string(sf_last_error()).find("backend = nccl") != std::string::npos,
+             sf_last_error());
+}
+
 BOOST_AUTO_TEST_CASE(broadcast_at_world_size_1_is_free) {
   sf_options o = rankOptions(0, 1, "");
   ContextHandle h;

@@ -278,6 +278,10 @@ void Context::broadcast(void* data, uint64_t bytes, int32_t root) {
   }
   checkIdle("sf_broadcast");
   if (opts_.world_size == 1) return;
+  if (opts_.backend == SF_BACKEND_NCCL) {
+    fail(SF_ERR_UNSUPPORTED, "sf_broadcast copies host memory, which needs the Gloo transport: "
+                             "with backend = nccl it is not available (use backend = auto)");
+  }
   connect();
   Backend& backend = controlBackend();
   // Ranks that disagree on size or root would leave a receiver waiting for

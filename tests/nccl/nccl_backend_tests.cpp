@@ -14,6 +14,7 @@
 
 #include "sfsync.h"
 #include "tests/nccl/nccl_support.h"
+#include "tests/support/map_store.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace sftest;
@@ -591,6 +592,38 @@ BOOST_AUTO_TEST_CASE(rank_without_the_unique_id_times_out) {
   });
   BOOST_TEST(results[1].first == SF_ERR_TIMEOUT, results[1].second);
   BOOST_TEST(results[1].second.find("unique id") != std::string::npos, results[1].second);
+}
+
+BOOST_AUTO_TEST_CASE(threads2_unique_id_travels_through_the_hosts_store) {
+  // host:// and sf_set_store: the NCCL unique id goes through the host's
+  // callbacks, under the context's prefix, and no other store is opened.
+  MapStore store;
+  auto results = runThreadRanks<std::string>(2, [&](int r) -> std::string {
+    cudaSetDevice(r);
+    ContextHandle h;
+    sf_options o = rankOptions(r, 2, "host://", 20000);
+    o.local_rank = r;
+    const sf_store s = store.handle();
+    if (sf_create(&o, &h.ctx) != SF_OK) return sf_last_error();
+    if (sf_set_store(h.ctx, &s, "nccljob") != SF_OK) return sf_last_error();
+    int64_t gid;
+    void* data = nullptr;
+    if (sf_add_gradient(h.ctx, 64, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) != SF_OK ||
+        sf_gradient_data(h.ctx, gid, &data) != SF_OK) {
+      return sf_last_error();
+    }
+    for (int64_t i = 0; i < 64; ++i) storeValue(data, i, SF_DTYPE_FLOAT32, double(r + 1) * double(i));
+    if (sf_synchronize(h.ctx) != SF_OK) return sf_last_error();
+    cudaDeviceSynchronize();
+    for (int64_t i = 0; i < 64; ++i) {
+      if (loadValue(data, i, SF_DTYPE_FLOAT32) != 1.5 * double(i)) return "wrong average";
+    }
+    return "ok";
+  });
+  BOOST_TEST(results[0] == "ok");
+  BOOST_TEST(results[1] == "ok");
+  BOOST_TEST(store.keysSet.count("nccljob/sfsync/nccl_unique_id") == 1u);
+  for (const auto& k : store.keysSet) BOOST_TEST(k.compare(0, 15, "nccljob/sfsync/") == 0, k);
 }
 
 BOOST_AUTO_TEST_CASE(threads2_layout_mismatch_over_nccl) {
