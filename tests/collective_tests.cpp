@@ -103,7 +103,9 @@ BOOST_AUTO_TEST_CASE(two_claimants_for_rank_1_are_refused_naming_it_3_thread_ran
       BOOST_TEST(runs[t].seconds < 8.0 + 3.0);  // nobody hangs
       if (runs[t].status == SF_ERR_MISMATCH) {
         ++refused;
-        BOOST_TEST(runs[t].error.find("claimed by two processes") != std::string::npos);
+        // "claimed by two processes" here; a store that enforces one claim per
+        // rank itself (the env:// and memory:// stores of 0.2) may say "contexts".
+        BOOST_TEST(runs[t].error.find("claimed by two") != std::string::npos);
         BOOST_TEST(runs[t].error.find("rank 1") != std::string::npos);
       } else {
         ++ok;
