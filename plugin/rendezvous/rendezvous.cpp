@@ -60,9 +60,4 @@ std::string Rendezvous::recheck() {
   return membership_->recheck(*store);
 }
 
-bool Rendezvous::opened() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return opened_;
-}
-
 }  // namespace sfsync
