@@ -441,7 +441,8 @@ SF_API sf_status sf_store_init(sf_store* store, uint64_t struct_size);
  * collective with SF_ERR_INVALID_STATE). `prefix` (may be NULL or "",
  * copied) is put before every key, so that several contexts or jobs share
  * one store; it must be the same on every rank and differ between contexts
- * that meet at the same time. The struct is copied (min(store->struct_size,
+ * (sfsync never deletes its keys: a prefix reused by a later job finds the
+ * earlier job's claims and fails with SF_ERR_MISMATCH). The struct is copied (min(store->struct_size,
  * sizeof(sf_store)) bytes); `user` must stay valid until sf_destroy. Call
  * before the first collective (sf_connect, sf_synchronize, ...), else
  * SF_ERR_INVALID_STATE; a second call before that replaces the first. NULL

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -97,6 +98,28 @@ BOOST_AUTO_TEST_CASE(a_rank_beyond_rank_0s_world_is_refused_3_thread_ranks) {
   BOOST_TEST(runs[1].status == SF_OK, runs[1].error);
   BOOST_TEST(runs[2].status == SF_ERR_MISMATCH, runs[2].error);
   BOOST_TEST(runs[2].error.find("rank 0 has 2, rank 2 has 3") != std::string::npos, runs[2].error);
+}
+
+BOOST_AUTO_TEST_CASE(missing_ranks_are_named_within_timeout_on_memory_and_file_stores) {
+  // Rank 0 alone of 3. Gloo's stores read a 0 ms wait as "no timeout": the
+  // probes for the other missing ranks must not become endless waits.
+  const std::string dir = "/tmp/" + uniqueName("sfsync-missing");
+  for (const std::string rdv : {"memory://" + uniqueName("missing"), "file://" + dir}) {
+    BOOST_TEST_CONTEXT(rdv) {
+      const Outcome o = connectRank(0, 3, rdv, 1000);
+      BOOST_TEST(o.status == SF_ERR_TIMEOUT, o.error);
+      BOOST_TEST(o.error.find("ranks 1, 2 of world_size 3 did not join") != std::string::npos,
+                 o.error);
+      BOOST_TEST(o.seconds < 1.0 + 3.0);
+      if (rdv.compare(0, 7, "file://") != 0) continue;  // a memory store died with rank 0
+      const Outcome peer = connectRank(1, 3, rdv, 1000);  // reads rank 0's reason at once
+      BOOST_TEST(peer.status == SF_ERR_TIMEOUT, peer.error);
+      BOOST_TEST(peer.error.find("rank 0 refused the job: ranks 1, 2") != std::string::npos,
+                 peer.error);
+      BOOST_TEST(peer.seconds < 3.0);
+    }
+  }
+  std::system(("rm -rf " + dir).c_str());
 }
 
 BOOST_AUTO_TEST_CASE(two_claimants_for_rank_1_are_refused_naming_it_3_thread_ranks) {

@@ -151,6 +151,23 @@ BOOST_AUTO_TEST_CASE(forever_timeouts_do_not_overflow_2_thread_ranks) {
   BOOST_TEST(store.largestTimeoutMs.load() <= forever);
 }
 
+BOOST_AUTO_TEST_CASE(a_prefix_reused_by_a_later_job_fails_it_2_thread_ranks) {
+  // The keys of the first job stay in the store: the second job with the same
+  // prefix must fail (not meet the first job's dead ranks and hang).
+  MapStore store;
+  auto first = runThreadRanks<SyncRun>(
+      2, [&](int r) { return syncRank(r, 2, "host://", &store, "same", 3000); });
+  checkAverages(first, 2);
+  const auto t0 = Clock::now();
+  auto second = runThreadRanks<SyncRun>(
+      2, [&](int r) { return syncRank(r, 2, "host://", &store, "same", 3000); });
+  BOOST_TEST(second[0].status == SF_ERR_MISMATCH, second[0].error);
+  BOOST_TEST(second[0].error.find("used by an earlier job") != std::string::npos, second[0].error);
+  BOOST_TEST(second[1].status == SF_ERR_MISMATCH, second[1].error);
+  BOOST_TEST(second[1].error.find("claimed by two processes") != std::string::npos);
+  BOOST_TEST(std::chrono::duration<double>(Clock::now() - t0).count() < 3.0 + 3.0);
+}
+
 BOOST_AUTO_TEST_CASE(missing_rank_times_out_within_timeout_plus_slack_naming_it) {
   MapStore store;
   const int64_t timeoutMs = 1500;

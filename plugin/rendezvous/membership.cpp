@@ -22,6 +22,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr const char* kRosterKey = "roster";
+// "Is it there now?": Gloo's stores read a 0 ms timeout as "no timeout".
+constexpr std::chrono::milliseconds kProbe(1);
 
 std::string joinKey(int rank) { return "join/" + std::to_string(rank); }
 
@@ -56,12 +58,13 @@ std::string waitGet(gloo::rendezvous::Store& store, const std::string& key, mill
 // such as INT64_MAX become about 100 years).
 milliseconds bounded(int64_t timeoutMs) {
   constexpr int64_t kMaxMs = int64_t(100) * 365 * 24 * 3600 * 1000;
-  return milliseconds(std::min<int64_t>(std::max<int64_t>(timeoutMs, 0), kMaxMs));
+  return milliseconds(std::min<int64_t>(std::max<int64_t>(timeoutMs, 1), kMaxMs));
 }
 
+// What is left of `deadline`, at least kProbe (never 0: "no timeout" to Gloo).
 milliseconds left(Clock::time_point deadline) {
-  return std::max(milliseconds(0),
-                  std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  return std::max<milliseconds>(kProbe,
+                                std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
 }
 
 std::string makeNonce() {
@@ -104,6 +107,25 @@ Membership::Membership(const sf_options& opts, std::string where)
 
 void Membership::join(gloo::rendezvous::Store& store) {
   const std::string me = "rank " + std::to_string(opts_.rank);
+  if (opts_.rank == 0) {
+    // A fresh job has no roster before rank 0 publishes one: a store that
+    // holds one already is an earlier job's (keys are never deleted) or
+    // another rank 0's. Its other keys (claims, Gloo addresses) would lead
+    // this job to dead peers, so refuse now; the other ranks then read that
+    // old roster, do not find their claims in it, and fail the same way.
+    bool stale = false;
+    try {
+      waitGet(store, kRosterKey, kProbe, "roster");
+      stale = true;
+    } catch (const Error& e) {
+      if (e.status() != SF_ERR_TIMEOUT) throw;
+    }
+    if (stale) {
+      fail(SF_ERR_MISMATCH, "rank 0 is claimed by two processes, or " + where_ +
+                                " was used by an earlier job: it already holds a roster (use a "
+                                "rendezvous or store prefix per job)");
+    }
+  }
   try {
     storeCall(me + " could not publish its claim in " + where_,
               [&] { store.set(joinKey(opts_.rank), bytesOf(claim_)); });
@@ -144,7 +166,7 @@ void Membership::joinAsRoot(gloo::rendezvous::Store& store) {
       std::vector<int> missing{r};
       for (int m = r + 1; m < world && missing.size() < 16; ++m) {
         try {
-          waitGet(store, joinKey(m), milliseconds(0), "join");
+          waitGet(store, joinKey(m), kProbe, "join");
         } catch (const Error&) {
           missing.push_back(m);
         }
