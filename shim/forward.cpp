@@ -7,7 +7,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "plugin/api/sfsync_shim_internal.h"
+#include "sfsync.h"
 
 namespace sfshim {
 
@@ -54,25 +54,12 @@ bool calledFromPlugin(const void* returnAddress) {
   return plugin;
 }
 
-bool pluginUsable() {
-  static const bool usable = [] {
-    const int32_t v = sf_shim_interface_version();
-    if (v == SF_SHIM_INTERFACE_VERSION) return true;
-    std::fprintf(stderr,
-                 "sfsync shim: libsfsync.so speaks shim interface %d, this shim %d: "
-                 "passing every call through\n",
-                 int(v), SF_SHIM_INTERFACE_VERSION);
-    return false;
-  }();
-  return usable;
-}
-
 void sayOnce(bool& flag, const char* message) {
   static std::mutex m;
   std::lock_guard<std::mutex> lock(m);
   if (flag) return;
   flag = true;
-  std::fprintf(stderr, "sfsync shim: %s\n", message);
+  sf_log(SF_LOG_WARN, "shim", message);
 }
 
 }  // namespace sfshim

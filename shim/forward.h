@@ -1,7 +1,7 @@
 #pragma once
 // What every interposer of the shim shares: finding the real function it
-// stands in front of, recognizing calls made by libsfsync.so itself, and
-// whether the plugin behind it can be used. No decisions live here.
+// stands in front of, recognizing calls made by libsfsync.so itself. No
+// decisions live here (shim/policy/).
 
 namespace sfshim {
 
@@ -16,11 +16,8 @@ void* realSymbol(const char* name, const char* library);
 // not counted.
 bool calledFromPlugin(const void* returnAddress);
 
-// False (said once on stderr) if libsfsync.so speaks another version of the
-// internal interface: then every call is forwarded untouched.
-bool pluginUsable();
-
-// Prints "sfsync shim: <message>" on stderr the first time `flag` is seen false.
+// Says `message` (sfsync's logger, WARN, subsystem "shim") the first time
+// `flag` is seen false.
 void sayOnce(bool& flag, const char* message);
 
 }  // namespace sfshim

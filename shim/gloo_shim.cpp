@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "plugin/api/sfsync_shim_internal.h"
 #include "shim/forward.h"
+#include "shim/shim_instance.h"
 
 namespace {
 
@@ -25,12 +25,6 @@ AllreduceFn real() {
       reinterpret_cast<AllreduceFn>(sfshim::realSymbol(kSymbol, "libgloo.so.0"));
   return f;
 }
-
-void invokeReduce(void* state, void* out, const void* a, const void* b, size_t n) {
-  (*static_cast<const gloo::AllreduceOptions::Func*>(state))(out, a, b, n);
-}
-
-bool saidNoDecision = false;
 
 }  // namespace
 
@@ -61,19 +55,17 @@ __attribute__((visibility("default"))) void allreduce(const AllreduceOptions& op
   if (o.reduce && o.elementSize > 0) {
     const PlainReduce* plain = o.reduce.target<PlainReduce>();
     const void* identity = plain ? reinterpret_cast<const void*>(*plain) : nullptr;
-    sf_shim_classify_reduce(identity, int64_t(o.elementSize), invokeReduce,
-                            const_cast<AllreduceOptions::Func*>(&o.reduce), &call.dtype,
-                            &call.op);
+    const sfshim::ReduceClass r = sfshim::classifyReduce(
+        identity, o.elementSize,
+        [&](void* c, const void* a, const void* b, size_t n) { o.reduce(c, a, b, n); });
+    call.dtype = r.dtype;
+    call.op = r.op;
   }
 
-  sf_shim_decision d{};
-  if (sf_shim_decide(&call, &d) != SF_OK) {
-    if (d.action == SF_SHIM_FAIL) {
-      throw std::runtime_error(std::string("sfsync shim: ") + sf_last_error());
-    }
-    sfshim::sayOnce(saidNoDecision, sf_last_error());
-    return forward(opts);
-  }
+  std::string failure;
+  const sf_shim_decision d = sfshim::decide(call, &failure);
+  // SF_STRICT=1 and a misuse became visible here: PyTorch raises it from backward().
+  if (d.action == SF_SHIM_FAIL) throw std::runtime_error(failure);
   if (d.action != SF_SHIM_DEFER) return forward(opts);
 
   // Deferred: every output gets factor x (the local reduction of the inputs),
@@ -88,7 +80,7 @@ __attribute__((visibility("default"))) void allreduce(const AllreduceOptions& op
     for (size_t i = 1; i < inputs.size(); ++i) o.reduce(acc, acc, inputs[i]->ptr, o.elements);
     local = acc;
   }
-  sf_shim_local_result(o.out[0]->ptr, local, int64_t(o.elements), call.dtype, d.factor);
+  sfshim::localResult(o.out[0]->ptr, local, int64_t(o.elements), call.dtype, d.factor);
   for (size_t i = 1; i < o.out.size(); ++i) std::memcpy(o.out[i]->ptr, o.out[0]->ptr, bytes);
 }
 

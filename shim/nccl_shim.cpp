@@ -17,9 +17,9 @@
 #include <tuple>
 #include <vector>
 
-#include "plugin/api/sfsync_shim_internal.h"
 #include "shim/forward.h"
 #include "shim/nccl_abi.h"
+#include "shim/shim_instance.h"
 
 #define SF_SHIM_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -184,11 +184,9 @@ SF_SHIM_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, 
   if (n.commCount(comm, &call.world_size) != kNcclSuccess) call.world_size = 0;
   if (n.commUserRank) n.commUserRank(comm, &call.rank);
 
-  sf_shim_decision d{};
-  if (sf_shim_decide(&call, &d) != SF_OK) {
-    if (d.action == SF_SHIM_FAIL) return kNcclInvalidUsage;
-    return n.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
-  }
+  std::string failure;
+  const sf_shim_decision d = decide(call, &failure);
+  if (d.action == SF_SHIM_FAIL) return kNcclInvalidUsage;  // SF_STRICT=1 (said by the policy)
   if (d.action != SF_SHIM_DEFER) {
     return n.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
   }

@@ -104,7 +104,7 @@ BOOST_AUTO_TEST_CASE(missing_ranks_are_named_within_timeout_on_memory_and_file_s
   // Rank 0 alone of 3. Gloo's stores read a 0 ms wait as "no timeout": the
   // probes for the other missing ranks must not become endless waits.
   const std::string dir = "/tmp/" + uniqueName("sfsync-missing");
-  for (const std::string rdv : {"memory://" + uniqueName("missing"), "file://" + dir}) {
+  for (const std::string& rdv : {"memory://" + uniqueName("missing"), "file://" + dir}) {
     BOOST_TEST_CONTEXT(rdv) {
       const Outcome o = connectRank(0, 3, rdv, 1000);
       BOOST_TEST(o.status == SF_ERR_TIMEOUT, o.error);

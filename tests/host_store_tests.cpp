@@ -140,15 +140,15 @@ BOOST_AUTO_TEST_CASE(two_contexts_with_different_prefixes_share_one_store) {
 }
 
 BOOST_AUTO_TEST_CASE(forever_timeouts_do_not_overflow_2_thread_ranks) {
-  // 2^40 ms (~35 years, what 0.2 clamps "forever" values to): deadlines
-  // computed from it must not overflow the clock and expire at once.
+  // INT64_MAX ms ("forever"; sf_create clamps it to 2^40 ms, ~35 years):
+  // deadlines computed from it must not overflow the clock and expire at once.
   MapStore store;
-  const int64_t forever = int64_t(1) << 40;
+  const int64_t clamp = int64_t(1) << 40;
   auto runs = runThreadRanks<SyncRun>(
-      2, [&](int r) { return syncRank(r, 2, "host://", &store, "forever", forever); });
+      2, [&](int r) { return syncRank(r, 2, "host://", &store, "forever", INT64_MAX); });
   checkAverages(runs, 2);
-  BOOST_TEST(store.largestTimeoutMs.load() > forever / 2);  // passed on to the host
-  BOOST_TEST(store.largestTimeoutMs.load() <= forever);
+  BOOST_TEST(store.largestTimeoutMs.load() > clamp / 2);  // passed on to the host
+  BOOST_TEST(store.largestTimeoutMs.load() <= clamp);
 }
 
 BOOST_AUTO_TEST_CASE(a_prefix_reused_by_a_later_job_fails_it_2_thread_ranks) {

@@ -15,13 +15,26 @@
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
 #include "plugin/core/options.h"
+#include "plugin/core/strict.h"
 
 namespace sfsync {
 
+namespace {
+sf_options clamped(sf_options o) {
+  o.timeout_ms = clampTimeoutMs(o.timeout_ms);
+  return o;
+}
+}  // namespace
+
 Context::Context(const sf_options& opts)
-    : opts_(opts),
-      reducer_(opts, [this](sf_device d) -> Backend& { return backendFor(d); }),
-      rendezvous_(std::make_shared<Rendezvous>(opts)) {}
+    : opts_(clamped(opts)),
+      reducer_(opts_, [this](sf_device d) -> Backend& { return backendFor(d); }),
+      rendezvous_(std::make_shared<Rendezvous>(opts_)) {
+  logSetRank(opts_.rank);
+  SF_LOG(kInfo, "context", "rank " << opts_.rank << " of " << opts_.world_size << ", backend "
+                                    << opts_.backend << ", rendezvous '" << opts_.rendezvous
+                                    << "', timeout_ms " << opts_.timeout_ms);
+}
 
 Context::~Context() {
   // Wait for our own collectives, then meet the peers once so that no rank
@@ -128,6 +141,18 @@ void* Context::gradientData(int64_t id) {
 
 void Context::beginAccumulation() {
   if (inWindow_.load(std::memory_order_relaxed)) {
+    // Said at the call: a host that ignores the status (ctypes does) would
+    // otherwise keep window K open, and under the shim train on local gradients.
+    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
+    refusedBeginWindow_.store(k, std::memory_order_relaxed);
+    refusedBegins_.fetch_add(1, std::memory_order_release);
+    SF_LOG(kWarn, "window",
+           "sf_begin_accumulation inside window " << k
+               << " refused (SF_ERR_INVALID_STATE): window " << k
+               << " was never ended (a forgotten sf_end_accumulation?); it stays open, so "
+                  "nothing is synchronized until sf_end_accumulation"
+               << (strictMode() ? " (SF_STRICT=1: under the shim, the next gradient all-reduce fails)"
+                                : ""));
     fail(SF_ERR_INVALID_STATE,
          "already inside an accumulation window (sf_begin_accumulation twice without "
          "sf_end_accumulation)");
@@ -136,6 +161,17 @@ void Context::beginAccumulation() {
     fail(SF_ERR_INVALID_STATE,
          "bucket collectives started by sf_grad_ready are still in flight; call sf_synchronize "
          "before starting a new window");
+  }
+  // A begin opens a window, except one that follows an end with no
+  // synchronization between in a host that reports gradients (then no pass
+  // ran outside the windows: it brackets its micro-batches one by one, and
+  // consecutive windows are one). A host that reports nothing cannot be told
+  // apart from one that skipped an sf_synchronize: each begin counts.
+  if (begunSinceSync_.load(std::memory_order_relaxed) == 0 ||
+      !hostReportsReady_.load(std::memory_order_relaxed)) {
+    // Window calls do not race with each other: a plain increment, no RMW.
+    begunSinceSync_.store(begunSinceSync_.load(std::memory_order_relaxed) + 1,
+                          std::memory_order_relaxed);
   }
   readyInWindow_.store(0, std::memory_order_relaxed);
   windowsBegun_.fetch_add(1, std::memory_order_release);
@@ -148,19 +184,62 @@ void Context::endAccumulation() {
                                "sf_begin_accumulation)");
   }
   const int64_t n = gradientCount_.load(std::memory_order_relaxed);
-  if (n > 0) deferredPasses_ += readyInWindow_.load(std::memory_order_relaxed) / n;
+  if (n > 0) {
+    deferredPasses_.fetch_add(readyInWindow_.load(std::memory_order_relaxed) / n,
+                              std::memory_order_relaxed);
+  }
   inWindow_.store(false, std::memory_order_release);
+  windowsEnded_.fetch_add(1, std::memory_order_relaxed);
+  if (n == 0 && !followed_.load(std::memory_order_relaxed)) {
+    // Nothing registered, nothing interposed, nobody asked: the window changed nothing.
+    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
+    const bool strict = strictMode();
+    if (!saidAffectsNothing_.exchange(true)) {
+      SF_LOG(kWarn, "window",
+             "window " << k << " ended, but these windows affect nothing: no gradient is "
+                       "registered with this context, no interposer follows it (for the default "
+                       "context: LD_PRELOAD=libsfsync_shim.so) and nothing asked "
+                       "sf_in_accumulation; a host that all-reduces itself (PyTorch DDP) still "
+                       "does so every micro-batch"
+                    << (strict ? " (SF_STRICT=1: sf_end_accumulation fails)" : ""));
+    }
+    if (strict) {
+      fail(SF_ERR_INVALID_STATE,
+           "window " + std::to_string(k) +
+               " affected nothing (no gradient registered, no interposer, SF_STRICT=1); the "
+               "window is ended");
+    }
+  }
+}
+
+int64_t Context::currentWindow() const {
+  // The window a synchronization now would complete: windows begun since the
+  // last one; else an implicit window of one micro-batch (no begin), unless
+  // the host reports gradients and reported none since: then this is an
+  // extra synchronization and claims the previous window's number again.
+  const int64_t last = windowNumber_.load(std::memory_order_relaxed);
+  const int64_t begun = begunSinceSync_.load(std::memory_order_relaxed);
+  if (begun > 0) return last + begun;
+  if (hostReportsReady_.load(std::memory_order_relaxed) &&
+      readyOutsideSinceSync_.load(std::memory_order_relaxed) == 0) {
+    return last;
+  }
+  return last + 1;
 }
 
 void Context::gradReady(int64_t id) {
   checkId(id);
+  if (!hostReportsReady_.load(std::memory_order_relaxed)) {
+    hostReportsReady_.store(true, std::memory_order_relaxed);
+  }
   if (inWindow_.load(std::memory_order_acquire)) {
     // Inside a window nothing is communicated: count and return.
     readyInWindow_.fetch_add(1, std::memory_order_relaxed);
     deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  reducer_.markReady(id);
+  readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
+  reducer_.markReady(id, currentWindow());
 }
 
 void Context::synchronize() {
@@ -170,19 +249,37 @@ void Context::synchronize() {
          "gradients; call sf_end_accumulation first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  reducer_.synchronize();
-  syncNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                 std::chrono::steady_clock::now() - t0)
-                 .count();
-  ++windowsCompleted_;
+  const int64_t window = currentWindow();
+  reducer_.synchronize(window);
+  windowNumber_.store(window, std::memory_order_relaxed);
+  begunSinceSync_.store(0, std::memory_order_relaxed);
+  readyOutsideSinceSync_.store(0, std::memory_order_relaxed);
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - t0)
+                         .count();
+  syncNs_.fetch_add(ns, std::memory_order_relaxed);
+  windowsCompleted_.fetch_add(1, std::memory_order_relaxed);
+  // This window's collectives: since the previous synchronization (hooks
+  // may have started them before this call).
+  const ReducerCounters after = reducer_.counters();
+  if (logEnabled(LogLevel::kInfo)) {
+    SF_LOG(kInfo, "window", "window " << window << " synchronized: "
+                                      << after.collectives - atLastSync_.collectives
+                                      << " bucket collectives ("
+                                      << after.earlyLaunches - atLastSync_.earlyLaunches
+                                      << " started by sf_grad_ready), "
+                                      << after.bytesReduced - atLastSync_.bytesReduced
+                                      << " bytes, " << ns / 1000 << " us in sf_synchronize");
+  }
+  atLastSync_ = after;
 }
 
 sf_stats Context::stats() const {
   sf_stats s{};
   s.struct_size = sizeof s;
   s.windows_begun = windowsBegun_.load(std::memory_order_relaxed);
-  s.windows_completed = windowsCompleted_;
-  s.deferred_passes = deferredPasses_;
+  s.windows_completed = windowsCompleted_.load(std::memory_order_relaxed);
+  s.deferred_passes = deferredPasses_.load(std::memory_order_relaxed);
   s.deferred_ready_calls = deferredReadyCalls_.load(std::memory_order_relaxed);
   const ReducerCounters c = reducer_.counters();
   s.collectives_issued = c.collectives;
@@ -190,7 +287,7 @@ sf_stats Context::stats() const {
   s.bytes_reduced = c.bytesReduced;
   s.gradient_count = reducer_.gradientCount();
   s.gradient_bytes = reducer_.gradientBytes();
-  s.sync_ns_total = syncNs_;
+  s.sync_ns_total = syncNs_.load(std::memory_order_relaxed);
   if (reducer_.built()) {
     const auto& plan = reducer_.plan();
     s.bucket_count = int64_t(plan.size());

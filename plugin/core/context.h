@@ -39,6 +39,17 @@ class Context {
   // Windows begun so far; readable from any thread. Counted before the window
   // state flips, so a reader that sees inAccumulation() true also sees its count.
   int64_t windowsBegun() const { return windowsBegun_.load(std::memory_order_acquire); }
+  // Since 0.2, for the shim (plugin/api/sfsync_internal.h) and the warnings.
+  int64_t windowsEnded() const { return windowsEnded_.load(std::memory_order_relaxed); }
+  // sf_begin_accumulation calls refused inside a window (a forgotten end),
+  // and the window that was open at the latest of them.
+  int64_t refusedBegins() const { return refusedBegins_.load(std::memory_order_acquire); }
+  int64_t refusedBeginWindow() const { return refusedBeginWindow_.load(std::memory_order_relaxed); }
+  int64_t gradientsRegistered() const { return gradientCount_.load(std::memory_order_relaxed); }
+  // Something acts on this context's windows besides its registered
+  // gradients (the shim for the default context, a host that asks
+  // sf_in_accumulation): its windows are not "windows that affect nothing".
+  void markFollowed() const { followed_.store(true, std::memory_order_relaxed); }
   void gradReady(int64_t id);
   void synchronize();
 
@@ -61,13 +72,32 @@ class Context {
   Reducer reducer_;  // after backends_: destroyed first, while backends live
 
   std::atomic<bool> inWindow_{false};
+  // Since 0.2: what the shim reads, and the misuse said at once.
+  std::atomic<int64_t> windowsEnded_{0};
+  std::atomic<int64_t> refusedBegins_{0};
+  std::atomic<int64_t> refusedBeginWindow_{0};
+  mutable std::atomic<bool> followed_{false};
+  std::atomic<bool> saidAffectsNothing_{false};
   std::atomic<int64_t> readyInWindow_{0};
   std::atomic<int64_t> deferredReadyCalls_{0};
   std::atomic<int64_t> gradientCount_{0};  // readable without the reducer's lock
   std::atomic<int64_t> windowsBegun_{0};
-  int64_t windowsCompleted_ = 0;
-  int64_t deferredPasses_ = 0;
-  int64_t syncNs_ = 0;
+  // Counters read by sf_get_stats from any thread.
+  std::atomic<int64_t> windowsCompleted_{0};
+  std::atomic<int64_t> deferredPasses_{0};
+  std::atomic<int64_t> syncNs_{0};
+
+  // The window number checked across ranks at every synchronization (see
+  // currentWindow): windows counted up to the last synchronization, windows
+  // begun since, grad-ready calls outside a window since, and whether the
+  // host reports gradients at all (then a synchronization with neither a
+  // begin nor a pass since the last one is an extra one, not a window).
+  int64_t currentWindow() const;
+  std::atomic<int64_t> windowNumber_{0};
+  std::atomic<int64_t> begunSinceSync_{0};
+  std::atomic<int64_t> readyOutsideSinceSync_{0};
+  std::atomic<bool> hostReportsReady_{false};
+  ReducerCounters atLastSync_;  // for the INFO line of each window
 
   // ---- Since 0.2: the host's store, collective set-up and checks ----------
  public:

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "plugin/core/dtype.h"
+#include "plugin/core/error.h"
 
 namespace sfsync {
 
@@ -29,9 +30,16 @@ std::vector<PlannedBucket> planBuckets(const std::vector<GradSpec>& grads, int64
 
   for (int64_t id = int64_t(grads.size()) - 1; id >= 0; --id, ++position) {
     const GradSpec& g = grads[size_t(id)];
-    const int64_t bytes = g.numel * int64_t(dtypeSize(g.dtype));
+    // Checked: the Reducer keeps the total below 2^62, but the plan is a pure
+    // function of its arguments and must not wrap on any of them.
+    int64_t bytes = 0, sum = 0;
+    if (g.numel < 0 || __builtin_mul_overflow(g.numel, int64_t(dtypeSize(g.dtype)), &bytes)) {
+      fail(SF_ERR_INVALID_ARGUMENT, "gradient " + std::to_string(id) + ": numel = " +
+                                        std::to_string(g.numel) + " is out of range");
+    }
     Open& o = open[{g.dtype, g.device}];
     const int64_t cap = o.closedOne ? capBytes : firstCapBytes;
+    if (__builtin_add_overflow(o.bucket.bytes, bytes, &sum)) close(o);  // sum > any cap
     if (!o.bucket.grads.empty() && o.bucket.bytes + bytes > cap) close(o);
     if (o.bucket.grads.empty()) {
       o.bucket.dtype = g.dtype;

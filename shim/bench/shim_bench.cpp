@@ -31,9 +31,11 @@
 #include <string>
 #include <vector>
 
-#include "plugin/api/sfsync_shim_internal.h"
 #include "sfsync.h"
 #include "shim/nccl_abi.h"
+
+// Exported by libsfsync_shim.so (shim/shim_instance.h).
+extern "C" sf_status sf_shim_report_json(char* buffer, int64_t capacity, int64_t* length);
 
 extern "C" ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
                                       ncclComm_t, cudaStream_t);

@@ -13,7 +13,18 @@ shim can only learn the world size from the host's own communicator.
 --mode plain    the script untouched: no no_sync(), no calls (with the shim
                 and SF_ACCUMULATION_STEPS=N: automatic windows).
 --mode unsynced the window is never closed before the optimizer steps (a host
-                bug the shim must report).
+                bug the shim must report), from window --unsynced-from on
+                (default 1; earlier windows as --mode calls).
+--mode permicro a window around each non-final micro-batch on its own (begin,
+                forward, backward, end), the last micro-batch synchronized:
+                consecutive windows with no pass between them are one window,
+                legal and silent.
+--mode forgot   as --mode calls, but window --forgot-at never ends: the next
+                sf_begin_accumulation is refused (its status ignored, as
+                ctypes hosts do).
+--mark          write a marker line through sf_log (the one logger) before
+                every sf_begin_accumulation and around every backward, so
+                that a test can check in SF_DEBUG_FILE where a warning came.
 
 Checks (each a failing exit status with a message):
   --reference F    the final weights equal those in F (written by --save).
@@ -24,6 +35,10 @@ Checks (each a failing exit status with a message):
                    all-reduce the shim defers; later ones too, except the
                    last of each window. Without it nothing is deferred
                    (--mode nosync: the first N-1 of every window).
+  --log-dir D      read every SF_DEBUG_FILE in directory D (one per process)
+                   and check that each "A<B<C" of --order appears in this
+                   order in some file: a warning B between the host's markers
+                   A and C (given by --mark) came at that call or pass.
   --report P       SF_SHIM_REPORT pattern (with %r); checks the shim's report
                    of each rank against --expect: calls, auto (SF_ACCUMULATION_STEPS
                    = --steps), pass (nothing deferred), unsynced, lost (auto
@@ -82,7 +97,11 @@ def worker(rank, args, store_file):
     ddp = DDP(net)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     sf = ctx = None
-    if args.mode in ("calls", "unsynced"):
+
+    def mark(text):
+        if args.mark:
+            sf.sf_log(2, b"host", text.encode())  # SF_LOG_INFO
+    if args.mode in ("calls", "unsynced", "permicro", "forgot") or args.mark:
         # The two lines a Python host adds (plus the handle): the shim is
         # preloaded, so this is the libsfsync.so instance it consults.
         sf = ctypes.CDLL("libsfsync.so.1")
@@ -97,17 +116,29 @@ def worker(rank, args, store_file):
             metric = torch.ones(40000) * (rank + 1)
             dist.all_reduce(metric)
             assert metric[0].item() == 3.0
+        unsynced = args.mode == "unsynced" and w >= args.unsynced_from
         for i in range(n):
-            if args.mode in ("calls", "unsynced") and n > 1:
+            if args.mode in ("calls", "unsynced", "forgot") and n > 1:
                 if i == 0:
-                    assert sf.sf_begin_accumulation(ctx) == 0
-                if i == n - 1 and args.mode == "calls":
+                    mark(f"begin window {w}")
+                    status = sf.sf_begin_accumulation(ctx)
+                    # A forgotten end: the host ignores the refusal (as ctypes hosts do).
+                    assert status == 0 or (args.mode == "forgot" and w == args.forgot_at + 1)
+                if i == n - 1 and not unsynced and not (args.mode == "forgot" and
+                                                        w == args.forgot_at):
                     assert sf.sf_end_accumulation(ctx) == 0
+            if args.mode == "permicro" and i < n - 1:
+                mark(f"begin window {w}.{i}")
+                assert sf.sf_begin_accumulation(ctx) == 0
             skip = args.mode == "nosync" and i < n - 1
             with ddp.no_sync() if skip else contextlib.nullcontext():
                 x, y = batch(rank, w, i)
                 loss = torch.nn.functional.mse_loss(ddp(x), y)
+                mark(f"backward window {w} micro-batch {i}")
                 loss.backward()
+                mark(f"backward done window {w} micro-batch {i}")
+            if args.mode == "permicro" and i < n - 1:
+                assert sf.sf_end_accumulation(ctx) == 0
             if args.check_grads:
                 differ = grads_differ(ddp)
                 deferred = (i < n - 1) and (
@@ -118,7 +149,7 @@ def worker(rank, args, store_file):
                     failures.append(f"window {w} micro-batch {i}: ranks hold "
                                     f"{'different' if differ else 'equal'} gradients, expected "
                                     f"{'different (local)' if deferred else 'equal (synchronized)'}")
-        if args.mode == "unsynced" and n > 1:
+        if unsynced and n > 1:
             assert sf.sf_end_accumulation(ctx) == 0
         opt.step()
         opt.zero_grad(set_to_none=False)
@@ -163,10 +194,19 @@ def check_reports(args, grad_bytes):
             if r["deferred"] != 0 or r["gradient_bytes_sent"] != windows * n * t:
                 failures.append(f"rank {rank}: expected every pass sent: {n * windows * t} bytes, "
                                 f"got {r['gradient_bytes_sent']} sent, {r['bytes_deferred']} deferred")
+        elif args.expect == "permicro":
+            # A physical window per non-final micro-batch; per optimizer step
+            # (N - 1) x T deferred and T sent.
+            if (r["bytes_deferred"] != windows * (n - 1) * t or
+                    r["gradient_bytes_sent"] != windows * t or r["windows"] != windows * (n - 1)):
+                failures.append(f"rank {rank}: expected {windows * (n - 1) * t} bytes deferred in "
+                                f"{windows * (n - 1)} windows and {windows * t} sent: {r}")
         elif args.expect == "calls":
             want_sent, want_def = [t] * windows, [(n - 1) * t] * windows
         elif args.expect == "unsynced":
-            want_sent, want_def = [0] * windows, [n * t] * windows
+            k = args.unsynced_from - 1  # windows synchronized before
+            want_sent = [t] * k + [0] * (windows - k)
+            want_def = [(n - 1) * t] * k + [n * t] * (windows - k)
         elif args.expect == "lost":
             # Automatic mode until the foreign all-reduce before window F, then
             # every call sent (the foreign one included).
@@ -195,9 +235,46 @@ def check_reports(args, grad_bytes):
     return failures
 
 
+def check_log_order(args):
+    """Each "A<B<C" of --order: in both ranks' files, the first line containing A,
+    then the first after it containing B, then the first after that containing C,
+    with nothing of the next pass between (B came at once)."""
+    failures = []
+    logs = []
+    for name in sorted(os.listdir(args.log_dir)):
+        with open(os.path.join(args.log_dir, name)) as f:
+            lines = f.read().splitlines()
+        if any(" host " in line for line in lines):
+            logs.append((name, lines))
+    if len(logs) != WORLD:
+        return [f"{len(logs)} SF_DEBUG_FILE logs with host markers in {args.log_dir}, want {WORLD}"]
+    for order in args.order:
+        parts = order.split("<")
+        for name, lines in logs:
+            at, found = 0, []
+            for part in parts:
+                hit = next((i for i in range(at, len(lines)) if part in lines[i]), None)
+                if hit is None:
+                    break
+                found.append(hit)
+                at = hit + 1
+            if len(found) != len(parts):
+                failures.append(f"{name}: {parts[len(found)]!r} not found after "
+                                f"{parts[:len(found)]!r}")
+            else:
+                print(f"{name}: " + " < ".join(f"line {i + 1}" for i in found) + f" for {order}")
+    return failures
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=["nosync", "calls", "plain", "unsynced"], required=True)
+    p.add_argument("--mode", choices=["nosync", "calls", "plain", "unsynced", "permicro", "forgot"],
+                   required=True)
+    p.add_argument("--unsynced-from", type=int, default=1)
+    p.add_argument("--forgot-at", type=int, default=1)
+    p.add_argument("--mark", action="store_true")
+    p.add_argument("--log-dir")
+    p.add_argument("--order", action="append", default=[])
     p.add_argument("--steps", type=int, default=4, help="micro-batches per optimizer step (N)")
     p.add_argument("--windows", type=int, default=6, help="optimizer steps (W)")
     p.add_argument("--save")
@@ -206,10 +283,14 @@ def main():
     p.add_argument("--local-from", type=int)
     p.add_argument("--foreign-at", type=int)
     p.add_argument("--report")
-    p.add_argument("--expect", choices=["calls", "auto", "pass", "unsynced", "lost"])
+    p.add_argument("--expect", choices=["calls", "auto", "pass", "unsynced", "lost", "permicro"])
     p.add_argument("--unsynchronized", type=lambda s: [int(x) for x in s.split(",") if x],
                    default=[])
     args = p.parse_args()
+    if args.log_dir:  # SF_DEBUG_FILE points into it; start empty
+        os.makedirs(args.log_dir, exist_ok=True)
+        for name in os.listdir(args.log_dir):
+            os.remove(os.path.join(args.log_dir, name))
     if args.report:  # the shim writes the reports at the ranks' exit
         os.makedirs(os.path.dirname(args.report) or ".", exist_ok=True)
         for rank in range(WORLD):
@@ -221,6 +302,8 @@ def main():
         with open(os.path.join(tmp, "grad_bytes-0")) as f:
             grad_bytes = int(f.read())
     failures = check_reports(args, grad_bytes) if args.report else []
+    if args.log_dir:
+        failures += check_log_order(args)
     for f in failures:
         print("FAILED: " + f, file=sys.stderr)
     if failures:

@@ -16,6 +16,7 @@ import ctypes
 import os
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -101,6 +102,12 @@ def worker(rank, store, out_dir):
         print("\n".join(lines))
     with open(os.path.join(out_dir, f"deferred-{rank}"), "w") as f:
         f.write(str(deferred))
+    # A rejected all-reduce (e.g. bool) fails on a ProcessGroupGloo worker,
+    # which drops it from its in-progress slot only after the caller's wait()
+    # has returned; a barrier that still finds it there raises its error
+    # ("Invalid scalar type"; seen once at load average 18). Let the workers
+    # retire it first.
+    time.sleep(0.2)
     torch_gloo.shutdown()
     if failures:
         print(f"rank {rank} FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)

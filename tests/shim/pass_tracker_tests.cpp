@@ -1,11 +1,11 @@
-#include "plugin/shim_policy/pass_tracker.h"
+#include "shim/policy/pass_tracker.h"
 
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <random>
 #include <vector>
 
-using sfsync::PassTracker;
+using sfshim::PassTracker;
 using Key = PassTracker::Key;
 using State = PassTracker::State;
 

@@ -1,4 +1,4 @@
-#include "plugin/shim_policy/reduce_probe.h"
+#include "shim/policy/reduce_probe.h"
 
 #include <gloo/math.h>
 #include <gloo/types.h>
@@ -9,10 +9,10 @@
 
 #include "plugin/core/dtype.h"
 
-using sfsync::probeReduce;
-using sfsync::ReduceClass;
-using sfsync::ReduceClassifier;
-using sfsync::ReduceFunction;
+using sfshim::probeReduce;
+using sfshim::ReduceClass;
+using sfshim::ReduceClassifier;
+using sfshim::ReduceFunction;
 
 namespace {
 

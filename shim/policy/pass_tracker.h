@@ -30,7 +30,7 @@
 
 #include "sfsync.h"
 
-namespace sfsync {
+namespace sfshim {
 
 class PassTracker {
  public:
@@ -87,4 +87,4 @@ class PassTracker {
   std::string lostReason_;
 };
 
-}  // namespace sfsync
+}  // namespace sfshim

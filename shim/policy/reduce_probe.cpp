@@ -1,4 +1,4 @@
-#include "plugin/shim_policy/reduce_probe.h"
+#include "shim/policy/reduce_probe.h"
 
 #include <array>
 #include <cstdint>
@@ -6,7 +6,10 @@
 
 #include "plugin/core/dtype.h"
 
-namespace sfsync {
+namespace sfshim {
+
+using sfsync::floatToBf16;
+using sfsync::floatToHalf;
 
 namespace {
 
@@ -96,4 +99,4 @@ size_t ReduceClassifier::probes() const {
   return probes_;
 }
 
-}  // namespace sfsync
+}  // namespace sfshim

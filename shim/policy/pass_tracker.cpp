@@ -1,11 +1,11 @@
-#include "plugin/shim_policy/pass_tracker.h"
+#include "shim/policy/pass_tracker.h"
 
 #include <algorithm>
 #include <functional>
 #include <sstream>
 #include <tuple>
 
-namespace sfsync {
+namespace sfshim {
 
 bool PassTracker::Key::operator<(const Key& o) const {
   return std::tie(comm, buffer, bytes, dtype) < std::tie(o.comm, o.buffer, o.bytes, o.dtype);
@@ -119,4 +119,4 @@ void PassTracker::lose(std::string reason) {
   prefix_.clear();
 }
 
-}  // namespace sfsync
+}  // namespace sfshim

@@ -10,9 +10,9 @@
 #include <mutex>
 #include <utility>
 
-#include "plugin/api/sfsync_shim_internal.h"
+#include "shim/policy/shim_call.h"
 
-namespace sfsync {
+namespace sfshim {
 
 struct ReduceClass {
   sf_dtype dtype = SF_SHIM_DTYPE_OTHER;
@@ -42,4 +42,4 @@ class ReduceClassifier {
   size_t probes_ = 0;
 };
 
-}  // namespace sfsync
+}  // namespace sfshim

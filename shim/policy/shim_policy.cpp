@@ -1,4 +1,4 @@
-#include "plugin/shim_policy/shim_policy.h"
+#include "shim/policy/shim_policy.h"
 
 #include <unistd.h>
 
@@ -10,14 +10,15 @@
 #include <fstream>
 #include <sstream>
 
-#include "plugin/core/context.h"
 #include "plugin/core/dtype.h"
 
-namespace sfsync {
+namespace sfshim {
 
 namespace {
 
-const char* kPrefix = "sfsync shim: ";
+using sfsync::dtypeValid;
+using sfsync::floatToBf16;
+using sfsync::floatToHalf;
 
 // A whole decimal integer in [min, max], or false.
 bool parseInt(const char* text, int64_t min, int64_t max, int64_t* out) {
@@ -105,30 +106,37 @@ ShimConfig shimConfigFromEnvironment() {
                            " is not a positive integer: passing every call through");
     }
   }
-  if (const char* v = std::getenv("SF_STRICT")) {
-    const std::string s = v;
-    if (s == "1" || s == "true" || s == "yes") {
-      c.strict = true;
-    } else if (!(s.empty() || s == "0" || s == "false" || s == "no")) {
-      c.problems.push_back("SF_STRICT=" + s + " is not 0 or 1; using 0");
-    }
-  }
   if (const char* v = std::getenv("SF_SHIM_REPORT")) c.reportPath = v;
   return c;
 }
 
-ShimPolicy::ShimPolicy(ShimConfig config, const Context* windows, Sink sink)
-    : config_(std::move(config)), windows_(windows), sink_(std::move(sink)) {
+ShimPolicy::ShimPolicy(ShimConfig config, WindowSource windows, Sink sink)
+    : config_(std::move(config)), windows_(std::move(windows)), sink_(std::move(sink)) {
   if (!sink_) {
-    sink_ = [](const std::string& line) { std::fputs(line.c_str(), stderr); };
+    sink_ = [](int, const std::string& line) {
+      std::fputs(("sfsync shim: " + line + "\n").c_str(), stderr);
+    };
   }
   mode_ = config_.stepsInvalid ? Mode::kOff
           : config_.accumulationSteps > 0 ? Mode::kAutomatic
                                           : Mode::kExplicit;
   for (const auto& p : config_.problems) say(p);
+  if (mode_ == Mode::kAutomatic) {
+    const int64_t n = config_.accumulationSteps;
+    say("SF_ACCUMULATION_STEPS=" + std::to_string(n) + ": automatic windows of " +
+            std::to_string(n) + " backward passes, learned from the first " +
+            std::to_string(PassTracker::kCopies + 1) +
+            " passes; then every pass but the last of each " + std::to_string(n) +
+            " is deferred. The shim sees all-reduces only, not the optimizer step nor the "
+            "weights: if the host steps more often than every " + std::to_string(n) +
+            " passes, ranks drift apart and nothing here can tell. Check the replicas: "
+            "verify_every=K in the Python package (sfsync.torch), or sf_check_replicas from "
+            "any language",
+        SF_LOG_INFO);
+  }
 }
 
-void ShimPolicy::say(const std::string& message) { sink_(kPrefix + message + "\n"); }
+void ShimPolicy::say(const std::string& message, int level) { sink_(level, message); }
 
 void ShimPolicy::sayOnce(bool& said, const std::string& message) {
   if (said) return;
@@ -149,38 +157,55 @@ sf_shim_decision ShimPolicy::decide(const sf_shim_call& c) {
   if (c.world_size > 0) worldSize_ = c.world_size;
   if (c.rank >= 0) rank_ = c.rank;
   if (!isGradient(c)) return pass(c);
-  if (mode_ == Mode::kAutomatic && windows_ && windows_->windowsBegun() > 0) {
+  sf_window_state_v1 s{};
+  s.struct_size = sizeof s;
+  const bool haveWindows = windows_ && windows_(&s) && s.context_made;
+  if (haveWindows && s.refused_begins > refusedSeen_) {
+    // libsfsync said it at the refused call; SF_STRICT makes it an error here,
+    // at the first gradient all-reduce after it.
+    refusedSeen_ = s.refused_begins;
+    counters_.refusedBegins = s.refused_begins;
+    if (config_.strict) {
+      return fail(s.windows_begun,
+                  "sf_begin_accumulation was refused inside window " +
+                      std::to_string(s.refused_begin_window) +
+                      " (a forgotten sf_end_accumulation: the window never ended, so every "
+                      "gradient all-reduce since stayed local) and SF_STRICT=1");
+    }
+  }
+  if (mode_ == Mode::kAutomatic && haveWindows && s.windows_begun > 0) {
     mode_ = Mode::kExplicit;
     sayOnce(saidSwitch_,
             "SF_ACCUMULATION_STEPS is set but the host calls sf_begin_accumulation itself: "
             "following the host's windows");
   }
   switch (mode_) {
-    case Mode::kExplicit: return decideExplicit(c);
+    case Mode::kExplicit:
+      if (!haveWindows) {
+        // Not made yet is legal (a host may open its first window later): INFO.
+        if (!saidNoContext_) {
+          saidNoContext_ = true;
+          say(windows_ ? "gradient all-reduces, but the host has not made sfsync's default "
+                         "context (yet): no windows, passing them through"
+                       : "no window state from libsfsync.so: passing every call through",
+              windows_ ? SF_LOG_INFO : SF_LOG_WARN);
+        }
+        return passGradient(c, 0);
+      }
+      return decideExplicit(c, s);
     case Mode::kAutomatic: return decideAutomatic(c);
     default: return passGradient(c, 0);
   }
 }
 
-sf_shim_decision ShimPolicy::decideExplicit(const sf_shim_call& c) {
-  if (!windows_) {
-    sayOnce(saidNoContext_,
-            "no default context, so no accumulation windows: passing every call through");
-    return passGradient(c, 0);
-  }
-  // The state before the count, with an acquire fence between (the flag's
-  // load is relaxed): a reader that sees the window open also sees its
-  // number, counted before the flag was set (Context::beginAccumulation).
-  const bool inside = windows_->inAccumulation();
-  std::atomic_thread_fence(std::memory_order_acquire);
-  const int64_t w = windows_->windowsBegun();
-  if (enterWindow(w)) {
-    sf_shim_decision d{};
-    d.action = SF_SHIM_FAIL;
-    d.window = w;
-    return d;
-  }
-  return inside ? defer(c, w) : passGradient(c, w);
+sf_shim_decision ShimPolicy::decideExplicit(const sf_shim_call& c,
+                                            const sf_window_state_v1& s) {
+  const int64_t w = s.windows_begun;
+  if (w > window_) window_ = w;
+  if (!s.in_window) return passGradient(c, w);
+  const sf_shim_decision d = defer(c, w);
+  if (grewTooLong(true) && config_.strict) return fail(w, failure_);
+  return d;
 }
 
 sf_shim_decision ShimPolicy::decideAutomatic(const sf_shim_call& c) {
@@ -209,37 +234,76 @@ sf_shim_decision ShimPolicy::decideAutomatic(const sf_shim_call& c) {
     d.window = w;
     return d;
   }
-  if (enterWindow(w)) {
-    sf_shim_decision d{};
-    d.action = SF_SHIM_FAIL;
-    d.window = w;
+  if (w > window_) window_ = w;
+  // Never the last pass of a window: that one synchronizes it.
+  if (pos.trusted && pos.pass % n != 0) {
+    const sf_shim_decision d = defer(c, w);
+    // Its own windows: only N bounds them (the first ones are shorter: learning).
+    if (grewTooLong(false) && config_.strict) return fail(w, failure_);
     return d;
   }
-  // Never the last pass of a window: that one synchronizes it.
-  if (pos.trusted && pos.pass % n != 0) return defer(c, w);
   return passGradient(c, w);
 }
 
-bool ShimPolicy::enterWindow(int64_t w) {
-  if (w <= window_) return false;
-  window_ = w;
-  if (!pending_) return false;
-  reportUnsynchronized("before window " + std::to_string(w) + " began");
-  if (!config_.strict) return false;
-  failed_ = true;
+std::string ShimPolicy::windowName() const {
+  return openFrom_ == openTo_ ? "window " + std::to_string(openFrom_)
+                              : "windows " + std::to_string(openFrom_) + "-" +
+                                    std::to_string(openTo_) + " (consecutive, no pass between: one)";
+}
+
+bool ShimPolicy::grewTooLong(bool byLongest) {
+  if (openSaid_) return false;
+  // The unit of SF_ACCUMULATION_STEPS: the learned pass, else the bytes the
+  // latest synchronization carried (a host's last micro-batch).
+  const int64_t passBytes = tracker_.passBytes() > 0 ? tracker_.passBytes() : syncBytes_;
+  const int64_t n = config_.accumulationSteps;
+  const int64_t stepsLimit = n > 0 && passBytes > 0 ? (n - 1) * passBytes : 0;
+  const bool pastLongest = byLongest && longestSynced_ > 0 && openBytes_ > longestSynced_;
+  const bool pastSteps = stepsLimit > 0 && openBytes_ > stepsLimit;
+  if (!pastLongest && !pastSteps) return false;
+  openSaid_ = true;
+  counters_.unsynchronizedWindows.push_back(openFrom_);
+  std::ostringstream s;
+  s << windowName() << " has deferred " << openCalls_ << " gradient all-reduces (" << openBytes_
+    << " bytes) without a synchronization, more than ";
+  if (pastSteps) {
+    s << "the " << n - 1 << " passes of " << passBytes << " bytes that SF_ACCUMULATION_STEPS="
+      << n << " allows";
+  } else {
+    s << "the longest window that did synchronize (" << longestSynced_ << " bytes)";
+  }
+  s << ": a window that never ends, or whose last micro-batch is inside it, steps the optimizer "
+       "on local gradients"
+    << (config_.strict ? " (SF_STRICT=1: this all-reduce fails)"
+                       : " (SF_STRICT=1 makes this an error)");
+  say(s.str());
+  failure_ = s.str();
   return true;
 }
 
-void ShimPolicy::reportUnsynchronized(const std::string& before) {
-  counters_.unsynchronizedWindows.push_back(pendingWindow_);
+void ShimPolicy::reportUnsynchronized(const std::string& when) {
+  if (!openSaid_) counters_.unsynchronizedWindows.push_back(openFrom_);
   std::ostringstream s;
-  s << "window " << pendingWindow_ << " ended with " << pendingCalls_
-    << " deferred gradient all-reduces (" << pendingBytes_
-    << " bytes) and no real synchronization " << before
+  s << windowName() << " ended with " << openCalls_ << " deferred gradient all-reduces ("
+    << openBytes_ << " bytes) and no real synchronization " << when
     << ": the optimizer stepped on local gradients"
     << (config_.strict ? " (SF_STRICT=1: fatal)" : " (SF_STRICT=1 makes this fatal)");
   say(s.str());
-  pending_ = false;
+  open_ = false;
+}
+
+sf_shim_decision ShimPolicy::fail(int64_t window, const std::string& why) {
+  failedStrict_ = true;
+  failure_ = why;
+  sf_shim_decision d{};
+  d.action = SF_SHIM_FAIL;
+  d.window = window;
+  return d;
+}
+
+std::string ShimPolicy::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
 }
 
 WindowRecord* ShimPolicy::record(int64_t window) {
@@ -265,7 +329,14 @@ sf_shim_decision ShimPolicy::passGradient(const sf_shim_call& c, int64_t window)
     ++r->gradientCallsSent;
     r->gradientBytesSent += c.bytes;
   }
-  pending_ = false;  // a real synchronization: what was deferred before is carried
+  // A real synchronization: what was deferred before is carried.
+  if (open_) {
+    if (openBytes_ > longestSynced_) longestSynced_ = openBytes_;
+    open_ = false;
+    syncing_ = true;
+    syncBytes_ = 0;
+  }
+  if (syncing_) syncBytes_ += c.bytes;
   d.window = window > 0 ? window : 0;
   return d;
 }
@@ -277,14 +348,17 @@ sf_shim_decision ShimPolicy::defer(const sf_shim_call& c, int64_t window) {
     ++r->deferredCalls;
     r->bytesDeferred += c.bytes;
   }
-  if (!pending_ || pendingWindow_ != window) {
-    pendingCalls_ = 0;
-    pendingBytes_ = 0;
+  syncing_ = false;
+  if (!open_) {
+    open_ = true;
+    openFrom_ = window;
+    openCalls_ = 0;
+    openBytes_ = 0;
+    openSaid_ = false;
   }
-  pending_ = true;
-  pendingWindow_ = window;
-  ++pendingCalls_;
-  pendingBytes_ += c.bytes;
+  openTo_ = window;
+  ++openCalls_;
+  openBytes_ += c.bytes;
   sf_shim_decision d{};
   d.action = SF_SHIM_DEFER;
   d.factor = c.op == SF_SHIM_OP_SUM ? double(c.world_size) : 1.0;
@@ -295,9 +369,9 @@ sf_shim_decision ShimPolicy::defer(const sf_shim_call& c, int64_t window) {
 
 bool ShimPolicy::finish() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (finished_) return !(config_.strict && !counters_.unsynchronizedWindows.empty());
+  if (finished_) return !(config_.strict && (failedStrict_ || !counters_.unsynchronizedWindows.empty()));
   finished_ = true;
-  if (pending_) reportUnsynchronized("before exit");
+  if (open_) reportUnsynchronized("before exit");
   if (mode_ == Mode::kAutomatic && tracker_.state() == PassTracker::State::kLearning &&
       counters_.gradientCallsSent > 0) {
     say("SF_ACCUMULATION_STEPS=" + std::to_string(config_.accumulationSteps) + ": " +
@@ -313,7 +387,7 @@ bool ShimPolicy::finish() {
     f.close();
     if (!f) say("cannot write SF_SHIM_REPORT=" + path + ": " + std::strerror(errno));
   }
-  return !(config_.strict && !counters_.unsynchronizedWindows.empty());
+  return !(config_.strict && (failedStrict_ || !counters_.unsynchronizedWindows.empty()));
 }
 
 std::string ShimPolicy::reportPath() const {
@@ -342,7 +416,7 @@ std::string ShimPolicy::reportJson() const {
 std::string ShimPolicy::reportJsonLocked() const {
   const ShimCounters& k = counters_;
   int64_t windows = window_;
-  if (mode_ == Mode::kExplicit && windows_) windows = windows_->windowsBegun();
+  if (mode_ == Mode::kExplicit) windows = window_;
   std::ostringstream s;
   s << "{\"pid\": " << long(getpid()) << ", \"rank\": " << rank_
     << ", \"world_size\": " << worldSize_ << ", \"mode\": \"" << modeName(mode_)
@@ -353,6 +427,8 @@ std::string ShimPolicy::reportJsonLocked() const {
     << ", \"passed\": " << k.passed << ", \"bytes_deferred\": " << k.bytesDeferred
     << ", \"bytes_sent\": " << k.bytesSent << ", \"gradient_calls_sent\": " << k.gradientCallsSent
     << ", \"gradient_bytes_sent\": " << k.gradientBytesSent << ",\n \"windows\": " << windows
+    << ", \"refused_begins\": " << k.refusedBegins
+    << ", \"longest_synchronized_window_bytes\": " << longestSynced_
     << ", \"unsynchronized_windows\": [";
   for (size_t i = 0; i < k.unsynchronizedWindows.size(); ++i) {
     s << (i ? ", " : "") << k.unsynchronizedWindows[i];
@@ -378,7 +454,6 @@ ShimCounters ShimPolicy::counters() const {
   std::lock_guard<std::mutex> lock(mutex_);
   ShimCounters k = counters_;
   k.windows = window_;
-  if (mode_ == Mode::kExplicit && windows_) k.windows = windows_->windowsBegun();
   return k;
 }
 
@@ -392,4 +467,4 @@ ShimPolicy::Mode ShimPolicy::mode() const {
   return mode_;
 }
 
-}  // namespace sfsync
+}  // namespace sfshim

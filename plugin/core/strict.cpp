@@ -1,0 +1,24 @@
+#include "plugin/core/strict.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "plugin/core/log.h"
+
+namespace sfsync {
+
+bool strictMode() noexcept {
+  static const bool strict = [] {
+    const char* v = std::getenv("SF_STRICT");
+    if (!v) return false;
+    const std::string s = v;
+    if (s == "1" || s == "true" || s == "yes") return true;
+    if (!(s.empty() || s == "0" || s == "false" || s == "no")) {
+      SF_LOG(kWarn, "config", "SF_STRICT=" << s << " is not 0 or 1; using 0");
+    }
+    return false;
+  }();
+  return strict;
+}
+
+}  // namespace sfsync
