@@ -131,6 +131,26 @@ typedef struct sf_options {
    *    "host://"           the host's own store, handed over with sf_set_store
    *                        (Since 0.2) */
   char rendezvous[SF_RENDEZVOUS_MAX];
+  /** Since 0.2. Bucket collectives that may be on the wire at once (Gloo:
+   *  one connection and worker thread per lane; a bucket over 4 MiB travels
+   *  as 4 MiB pieces; the n-th piece started goes to lane n mod
+   *  max_inflight on every rank, each lane keeps its order). 1..16; env
+   *  SF_MAX_INFLIGHT (default 4). Older callers' structs get the default.
+   *  The NCCL backend ignores it. */
+  int32_t max_inflight;
+  /** Since 0.2. How float32 buckets travel (Gloo): SF_DTYPE_FLOAT32 (0, the
+   *  default: as they are), SF_DTYPE_BFLOAT16 or SF_DTYPE_FLOAT16 (half the
+   *  bytes: each rank rounds its bucket to 16 bits, every partial sum is
+   *  computed in float32 and rounded back to 16 bits, the result is widened
+   *  to float32 before averaging). Other dtypes' buckets are unaffected.
+   *  env SF_WIRE_DTYPE = native|bf16|fp16. Error bound for N ranks, per
+   *  element, against the exact sum S of the inputs x_1..x_N:
+   *    |result - S| <= (N + 1) * u * sum_i |x_i|   (+ N * 2^-24 for fp16)
+   *  with u = 2^-8 (bf16) or 2^-11 (fp16); for same-signed inputs that is a
+   *  relative error of at most (N + 1) * u. fp16 overflows to inf above
+   *  65504 (scale with SF_REDUCE_PRESCALED_SUM); bf16 keeps float32's range.
+   *  Averaging divides after widening (exact up to float32 rounding). */
+  sf_dtype wire_dtype;
 } sf_options;
 
 /**

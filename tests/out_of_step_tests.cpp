@@ -30,6 +30,7 @@ struct Plan {
   sf_dtype dtype = SF_DTYPE_FLOAT32;
   sf_reduce_op op = SF_REDUCE_AVERAGE;
   double prescale = 1.0;
+  sf_dtype wire = SF_DTYPE_FLOAT32;  // SF_WIRE_DTYPE: float32 buckets may travel as 16 bits
 };
 
 struct Outcome {
@@ -51,6 +52,7 @@ Outcome runRank(const Plan& plan, int world, int rank, const std::string& rdv) {
   o.first_bucket_cap_mb = 32.0 / 1048576.0;
   o.reduce_op = plan.op;
   o.prescale = plan.prescale;
+  o.wire_dtype = plan.wire;
   if (sf_create(&o, &h.ctx) != SF_OK) {
     out.status = SF_ERR_INTERNAL;
     out.error = sf_last_error();
@@ -285,6 +287,23 @@ BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_one_skips_a_synchronize) {
       BOOST_TEST(out[1].failedAtSync == 1);
       BOOST_TEST(out[1].error.find("synchronizing window 3") != std::string::npos, out[1].error);
       BOOST_TEST(out[0].error.find("synchronizing window 2") != std::string::npos, out[0].error);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_16_bit_wire_detects_a_skipped_synchronize) {
+  // On a bf16 or fp16 wire the check's elements travel as 16 bits too: the
+  // modulus must fit that type, not float32.
+  for (sf_dtype wire : {SF_DTYPE_BFLOAT16, SF_DTYPE_FLOAT16}) {
+    BOOST_TEST_CONTEXT("wire " << wire) {
+      Plan p;
+      p.micro = {{2, 2, 2, 2}, {2, 2, 2, 2}};
+      p.gradReady = false;
+      p.wire = wire;
+      p.skipRank = 1;
+      p.skipWindow = 1;
+      auto out = runPlan(p, 2);
+      expectOutOfStep(out, 2, 3);
     }
   }
 }

@@ -1,6 +1,7 @@
 // The extern "C" functions of include/sfsync.h, each one line into C++.
 
 #include <atomic>
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>

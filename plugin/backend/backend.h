@@ -13,11 +13,15 @@
 
 namespace sfsync {
 
+class Tracer;
+
 // How a bucket is combined: sum, optionally scaled before (prescale) and
 // after (postscale: 1/world_size for averaging). A factor of 1 means none.
 struct ReduceSpec {
   double prescale = 1.0;
   double postscale = 1.0;
+  int64_t bucket = -1;       // the bucket's index, for the trace
+  Tracer* trace = nullptr;   // SF_TRACE: where a backend records wire events
 };
 
 // A collective in flight. wait() returns when it is done and throws

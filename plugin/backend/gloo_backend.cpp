@@ -7,16 +7,23 @@
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/rendezvous/rendezvous.h"
+#include "plugin/core/tracer.h"
 #include "plugin/rendezvous/store_factory.h"
 
 namespace sfsync {
 
 namespace {
+
+// Buckets larger than this travel as several collectives on consecutive
+// lanes (with one lane, whole). 4 MiB: on loopback here a 4 MiB piece is past
+// the per-collective latency and several of them keep both cores busy.
+constexpr int64_t kWireChunkBytes = 4 << 20;
 
 // Runs f, turning whatever Gloo throws into sfsync::Error.
 template <typename F>
@@ -38,35 +45,59 @@ void setBuffer(gloo::AllreduceOptions& opts, void* data, int64_t numel) {
   opts.setOutput(static_cast<T*>(data), size_t(numel));
 }
 
+// A bucket's collective: one or more pieces on lanes. wait() waits for every
+// piece (none may still write into the bucket after it returns), then
+// reports the first failure.
 class GlooWork : public Work {
  public:
-  GlooWork(std::future<TaskResult> f, std::chrono::milliseconds timeout)
-      : future_(std::move(f)), timeout_(timeout) {}
+  GlooWork(std::vector<std::future<TaskResult>> pieces, std::chrono::milliseconds timeout)
+      : pieces_(std::move(pieces)), timeout_(timeout) {}
   void wait() override {
-    // Gloo enforces the timeout itself; the grace period covers scheduling.
-    if (future_.wait_for(timeout_ + std::chrono::seconds(5)) != std::future_status::ready) {
-      fail(SF_ERR_TIMEOUT, "gloo allreduce: no completion within timeout_ms = " +
-                               std::to_string(timeout_.count()));
+    TaskResult first;
+    for (auto& f : pieces_) {
+      TaskResult r;
+      // Gloo enforces the timeout itself; the grace period covers scheduling.
+      if (f.wait_for(timeout_ + std::chrono::seconds(5)) != std::future_status::ready) {
+        r = {SF_ERR_TIMEOUT, "gloo allreduce: no completion within timeout_ms = " +
+                                 std::to_string(timeout_.count())};
+      } else {
+        r = f.get();
+      }
+      if (first.status == SF_OK) first = r;
     }
-    future_.get().throwIfFailed();
+    pieces_.clear();
+    first.throwIfFailed();
   }
 
  private:
-  std::future<TaskResult> future_;
+  std::vector<std::future<TaskResult>> pieces_;
   std::chrono::milliseconds timeout_;
 };
 
 }  // namespace
 
 GlooBackend::GlooBackend(const sf_options& opts, std::shared_ptr<Rendezvous> rendezvous)
-    : opts_(opts), rendezvous_(std::move(rendezvous)) {}
+    : opts_(opts), rendezvous_(std::move(rendezvous)) {
+  const size_t lanes = size_t(std::max(1, opts_.max_inflight));
+  for (size_t k = 1; k < lanes; ++k) laneExecutors_.push_back(std::make_unique<OrderedExecutor>());
+}
 
 GlooBackend::~GlooBackend() = default;
 
 void GlooBackend::connect() {
-  if (context_) return;
-  // On the worker thread: Gloo's event loop inherits its blocked SIGPIPE.
-  executor_.submit([this] { connectHere(); }).get().throwIfFailed();
+  if (!lanes_.empty()) return;
+  // On the worker threads: Gloo's event loops inherit their blocked SIGPIPE.
+  if (!context_) executor_.submit([this] { connectHere(); }).get().throwIfFailed();
+  const size_t lanes = laneExecutors_.size() + 1;
+  std::vector<std::shared_ptr<gloo::Context>> contexts(lanes);
+  contexts[0] = context_;
+  // One lane after the other: a store need not be thread-safe (Gloo's
+  // RedisStore shares one hiredis connection).
+  for (size_t k = 1; k < lanes; ++k) {
+    executorOf(k).submit([this, k, &contexts] { contexts[k] = connectLane(k); }).get().throwIfFailed();
+  }
+  wireScratch_.resize(lanes);
+  lanes_ = contexts;
 }
 
 void GlooBackend::connectHere() {
@@ -81,37 +112,129 @@ void GlooBackend::connectHere() {
   });
 }
 
+std::shared_ptr<gloo::Context> GlooBackend::connectLane(size_t k) {
+  // Its own device (an event loop thread per lane) and its own keys.
+  std::shared_ptr<gloo::Context> made;
+  glooCall("connect (lane)", [&] {
+    gloo::rendezvous::PrefixStore store("lane" + std::to_string(k), *store_);
+    gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(opts_.rank, opts_.world_size);
+    context->setTimeout(std::chrono::milliseconds(opts_.timeout_ms));
+    context->connectFullMesh(store, device);
+    made = context;
+  });
+  return made;
+}
+
+void GlooBackend::noteFailure(sf_status status, const std::string& message) {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (failed_.load()) return;
+  failureStatus_ = status;
+  failure_ = message;
+  failed_.store(true);
+}
+
+void GlooBackend::throwIfFailed() {
+  if (!failed_.load()) return;
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  throw Error(failureStatus_, "an earlier collective failed: " + failure_);
+}
+
+namespace {
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+void reduceNative(const std::shared_ptr<gloo::Context>& context, void* data, int64_t numel,
+                  sf_dtype dtype) {
+  gloo::AllreduceOptions opts(context);
+  switch (dtype) {
+    case SF_DTYPE_FLOAT32:
+      setBuffer<float>(opts, data, numel);
+      opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
+      break;
+    case SF_DTYPE_FLOAT64:
+      setBuffer<double>(opts, data, numel);
+      opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<double>));
+      break;
+    default:  // 16-bit floats: our own conversion-based sum
+      setBuffer<uint16_t>(opts, data, numel);
+      opts.setReduceFunction([dtype](void* c, const void* a, const void* b, size_t n) {
+        addInto(c, a, b, n, dtype);
+      });
+      break;
+  }
+  gloo::allreduce(opts);
+}
+
+}  // namespace
+
 std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                                   ReduceSpec spec) {
   connect();
-  auto context = context_;
-  auto task = [context, data, numel, dtype, spec] {
-    if (spec.prescale != 1.0) scaleInPlace(data, numel, dtype, spec.prescale);
-    glooCall("allreduce", [&] {
-      gloo::AllreduceOptions opts(context);
-      switch (dtype) {
-        case SF_DTYPE_FLOAT32:
-          setBuffer<float>(opts, data, numel);
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-              &gloo::sum<float>));
-          break;
-        case SF_DTYPE_FLOAT64:
-          setBuffer<double>(opts, data, numel);
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-              &gloo::sum<double>));
-          break;
-        default:  // 16-bit floats: our own conversion-based sum
-          setBuffer<uint16_t>(opts, data, numel);
-          opts.setReduceFunction([dtype](void* c, const void* a, const void* b, size_t n) {
-            addInto(c, a, b, n, dtype);
-          });
-          break;
+  throwIfFailed();
+  const sf_dtype wire =
+      dtype == SF_DTYPE_FLOAT32 && opts_.wire_dtype != SF_DTYPE_FLOAT32 ? opts_.wire_dtype : dtype;
+  // Pieces of at most kWireChunkBytes (in the bucket's own dtype), whole
+  // 64-byte lines, on consecutive lanes.
+  const int64_t elemBytes = int64_t(dtypeSize(dtype));
+  const int64_t lineElems = 64 / elemBytes;
+  int64_t pieceElems = numel;
+  if (lanes_.size() > 1 && numel * elemBytes > kWireChunkBytes) {
+    const int64_t pieces = (numel * elemBytes + kWireChunkBytes - 1) / kWireChunkBytes;
+    pieceElems = ((numel + pieces - 1) / pieces + lineElems - 1) / lineElems * lineElems;
+  }
+  std::vector<std::future<TaskResult>> futures;
+  for (int64_t begin = 0; begin < numel || (numel == 0 && futures.empty()); begin += pieceElems) {
+    const int64_t count = std::min(pieceElems, numel - begin);
+    void* at = static_cast<char*>(data) + begin * elemBytes;
+    // The reducer serializes its calls: the same sequence on every rank.
+    const size_t lane = nextLane_++ % lanes_.size();
+    auto context = lanes_[lane];
+    std::vector<uint16_t>* scratch = &wireScratch_[lane];  // only this lane's thread uses it
+    const int64_t piece = int64_t(futures.size());
+    auto task = [this, context, scratch, at, count, dtype, wire, spec, lane, piece] {
+      throwIfFailed();  // another lane failed: fail now, not at this lane's timeout
+      Tracer* trace = spec.trace;
+      const double t0 = trace ? Tracer::nowUs() : 0;
+      struct Traced {  // the piece's span on its lane's track, also when it fails
+        Tracer* trace;
+        double t0;
+        size_t lane;
+        int64_t bucket, piece, bytes;
+        sf_dtype wire;
+        ~Traced() {
+          if (!trace) return;
+          trace->nameTrack(int(1 + lane), "lane " + std::to_string(lane));
+          trace->span(int(1 + lane), "wire", t0, Tracer::nowUs(),
+                      "\"bucket\":" + std::to_string(bucket) + ",\"piece\":" +
+                          std::to_string(piece) + ",\"wire_bytes\":" + std::to_string(bytes) +
+                          ",\"wire_dtype\":\"" + dtypeName(wire) + "\"");
+        }
+      } traced{trace, t0, lane, spec.bucket, piece, count * int64_t(dtypeSize(wire)), wire};
+      try {
+        if (wire != dtype) {
+          // float32 carried as 16 bits: round (prescaled), reduce, widen (postscaled).
+          if (scratch->size() < size_t(count)) scratch->resize(size_t(count));
+          narrowTo16(scratch->data(), static_cast<const float*>(at), count, wire,
+                     float(spec.prescale));
+          glooCall("allreduce", [&] { reduceNative(context, scratch->data(), count, wire); });
+          widenFrom16(static_cast<float*>(at), scratch->data(), count, wire,
+                      float(spec.postscale));
+          return;
+        }
+        if (spec.prescale != 1.0) scaleInPlace(at, count, dtype, spec.prescale);
+        glooCall("allreduce", [&] { reduceNative(context, at, count, dtype); });
+        if (spec.postscale != 1.0) scaleInPlace(at, count, dtype, spec.postscale);
+      } catch (const Error& e) {
+        noteFailure(e.status(), e.what());
+        throw;
       }
-      gloo::allreduce(opts);
-    });
-    if (spec.postscale != 1.0) scaleInPlace(data, numel, dtype, spec.postscale);
-  };
-  return std::make_unique<GlooWork>(executor_.submit(task),
+    };
+    futures.push_back(executorOf(lane).submit(task));
+    if (numel == 0) break;
+  }
+  return std::make_unique<GlooWork>(std::move(futures),
                                     std::chrono::milliseconds(opts_.timeout_ms));
 }
 
@@ -123,8 +246,7 @@ void GlooBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
         glooCall("allreduce (layout check)", [&] {
           gloo::AllreduceOptions opts(context);
           opts.setOutput(data, size_t(n));
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-              &gloo::max<int64_t>));
+          opts.setReduceFunction(static_cast<ReduceFn>(&gloo::max<int64_t>));
           gloo::allreduce(opts);
         });
       })
@@ -133,17 +255,20 @@ void GlooBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
 }
 
 void GlooBackend::barrierQuietly() noexcept {
-  if (!context_) return;
+  if (lanes_.empty()) return;
   try {
-    auto context = context_;
+    // Every lane: its peers may still read from it until they are done.
     const auto timeout = std::chrono::milliseconds(std::min<int64_t>(opts_.timeout_ms, 10000));
-    executor_
-        .submit([context, timeout] {
-          gloo::BarrierOptions opts(context);
-          opts.setTimeout(timeout);
-          gloo::barrier(opts);
-        })
-        .wait_for(timeout + std::chrono::seconds(5));
+    std::vector<std::future<TaskResult>> pending;
+    for (size_t k = 0; k < lanes_.size(); ++k) {
+      auto context = lanes_[k];
+      pending.push_back(executorOf(k).submit([context, timeout] {
+        gloo::BarrierOptions opts(context);
+        opts.setTimeout(timeout);
+        gloo::barrier(opts);
+      }));
+    }
+    for (auto& f : pending) f.wait_for(timeout + std::chrono::seconds(5));
   } catch (...) {
   }
 }

@@ -1,11 +1,29 @@
 #pragma once
 // The Gloo backend: host-memory buckets reduced with gloo::allreduce over TCP.
-// Everything Gloo does runs on one worker thread (OrderedExecutor): buckets
+// Everything Gloo does runs on worker threads (OrderedExecutor): buckets
 // started by grad-ready overlap the host's backward pass, and no socket work
 // happens on a host thread (where a dead peer's SIGPIPE would kill the
 // process). Every Gloo exception is turned into sfsync::Error here.
+//
+// Lanes: max_inflight Gloo contexts (full meshes), each with its own worker
+// thread, so that several bucket collectives are on the wire at once (as
+// ProcessGroupGloo does with its threads). Lane 0 is the context connectHere
+// makes; lanes 1.. connect through the same store under the key prefix
+// "lane<k>/". The n-th startAllreduce goes to lane n mod max_inflight: the
+// reducer starts buckets in the same order on every rank, so every rank uses
+// the same lane for the same bucket, and each lane keeps its order. When one
+// lane fails, the collectives still queued on the others fail at once with
+// that error (the whole synchronization fails, as with one lane).
+//
+// Wire dtype: with wire_dtype bf16/fp16 a float32 bucket is rounded into a
+// per-lane 16-bit scratch buffer, reduced there (float32 sums rounded back to
+// 16 bits) and widened back; see sf_options.wire_dtype for the error bound.
 
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "plugin/backend/backend.h"
 #include "plugin/backend/ordered_executor.h"
@@ -37,11 +55,25 @@ class GlooBackend : public Backend {
 
  private:
   void connectHere();  // on the worker thread
+  // Lane k >= 1, on its worker thread, after connectHere.
+  std::shared_ptr<gloo::Context> connectLane(size_t k);
+  OrderedExecutor& executorOf(size_t lane) { return lane == 0 ? executor_ : *laneExecutors_[lane - 1]; }
+  // Records the first failure of any lane; later tasks fail with it.
+  void noteFailure(sf_status status, const std::string& message);
+  void throwIfFailed();
 
   sf_options opts_;
   std::shared_ptr<Rendezvous> rendezvous_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
-  std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<gloo::Context> context_;                 // lane 0
+  std::vector<std::shared_ptr<gloo::Context>> lanes_;      // all lanes, once connected
+  std::vector<std::vector<uint16_t>> wireScratch_;         // per lane, used by its thread only
+  size_t nextLane_ = 0;                                    // of the next startAllreduce
+  std::atomic<bool> failed_{false};
+  std::mutex failureMutex_;
+  sf_status failureStatus_ = SF_OK;
+  std::string failure_;
+  std::vector<std::unique_ptr<OrderedExecutor>> laneExecutors_;  // lanes 1..: joined before contexts go
   OrderedExecutor executor_;  // declared last: joined first
 };
 

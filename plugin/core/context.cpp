@@ -28,8 +28,10 @@ sf_options clamped(sf_options o) {
 
 Context::Context(const sf_options& opts)
     : opts_(clamped(opts)),
+      trace_(Tracer::fromEnvironment(opts_.rank, opts_.world_size)),
       reducer_(opts_, [this](sf_device d) -> Backend& { return backendFor(d); }),
       rendezvous_(std::make_shared<Rendezvous>(opts_)) {
+  reducer_.setTracer(trace_.get());
   logSetRank(opts_.rank);
   SF_LOG(kInfo, "context", "rank " << opts_.rank << " of " << opts_.world_size << ", backend "
                                     << opts_.backend << ", rendezvous '" << opts_.rendezvous
@@ -174,6 +176,7 @@ void Context::beginAccumulation() {
                           std::memory_order_relaxed);
   }
   readyInWindow_.store(0, std::memory_order_relaxed);
+  if (trace_) windowStartUs_ = Tracer::nowUs();
   windowsBegun_.fetch_add(1, std::memory_order_release);
   inWindow_.store(true, std::memory_order_release);
 }
@@ -236,10 +239,23 @@ void Context::gradReady(int64_t id) {
     // Inside a window nothing is communicated: count and return.
     readyInWindow_.fetch_add(1, std::memory_order_relaxed);
     deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
+    if (trace_) tracePass(true);
     return;
   }
   readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
   reducer_.markReady(id, currentWindow());
+  if (trace_) tracePass(false);
+}
+
+void Context::tracePass(bool inWindow) {
+  // A pass is as many grad-ready calls as there are gradients.
+  std::lock_guard<std::mutex> lock(traceMutex_);
+  const double now = Tracer::nowUs();
+  if (readyInPass_++ == 0) passStartUs_ = now;
+  if (readyInPass_ < gradientCount_.load(std::memory_order_relaxed)) return;
+  trace_->span(0, "pass", passStartUs_, now,
+               std::string("\"in_window\":") + (inWindow ? "true" : "false"));
+  readyInPass_ = 0;
 }
 
 void Context::synchronize() {
@@ -250,7 +266,16 @@ void Context::synchronize() {
   }
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t window = currentWindow();
-  reducer_.synchronize(window);
+  const double t0Us = trace_ ? Tracer::nowUs() : 0;
+  try {
+    reducer_.synchronize(window);
+  } catch (const Error& e) {
+    if (trace_) {
+      trace_->span(0, "synchronize", t0Us, Tracer::nowUs(),
+                   "\"window\":" + std::to_string(window) + ",\"failed\":true");
+    }
+    throw;
+  }
   windowNumber_.store(window, std::memory_order_relaxed);
   begunSinceSync_.store(0, std::memory_order_relaxed);
   readyOutsideSinceSync_.store(0, std::memory_order_relaxed);
@@ -258,6 +283,15 @@ void Context::synchronize() {
                          std::chrono::steady_clock::now() - t0)
                          .count();
   syncNs_.fetch_add(ns, std::memory_order_relaxed);
+  if (trace_) {
+    const double end = Tracer::nowUs();
+    const std::string args = "\"window\":" + std::to_string(window);
+    trace_->span(0, "synchronize", t0Us, end, args);
+    if (windowStartUs_ >= 0) trace_->span(0, "window", windowStartUs_, end, args);
+    windowStartUs_ = -1;
+    std::lock_guard<std::mutex> lock(traceMutex_);
+    readyInPass_ = 0;  // a new window starts with a new pass
+  }
   windowsCompleted_.fetch_add(1, std::memory_order_relaxed);
   // This window's collectives: since the previous synchronization (hooks
   // may have started them before this call).

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "plugin/backend/backend.h"
+#include "plugin/core/tracer.h"
 #include "plugin/reducer/reducer.h"
 #include "plugin/rendezvous/rendezvous.h"
 #include "sfsync.h"
@@ -63,8 +64,14 @@ class Context {
  private:
   Backend& backendFor(sf_device device);
   void checkId(int64_t id) const;
+  void tracePass(bool inWindow);  // trace_ set
 
   sf_options opts_;
+  std::unique_ptr<Tracer> trace_;  // SF_TRACE; first: outlives the backends' threads
+  std::mutex traceMutex_;
+  double windowStartUs_ = -1;  // trace: the window's begin, -1 outside
+  double passStartUs_ = 0;     // trace: the current pass's first grad-ready
+  int64_t readyInPass_ = 0;    // trace: grad-ready calls of the current pass
   std::mutex backendsMutex_;
   std::map<sf_device, std::unique_ptr<Backend>> backends_;
   NcclBackend* nccl_ = nullptr;  // backends_[SF_DEVICE_CUDA] once created

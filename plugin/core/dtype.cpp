@@ -135,6 +135,40 @@ void scaleInPlace(void* data, int64_t numel, sf_dtype dtype, double factor) {
   copyScaled(data, data, numel, dtype, factor);
 }
 
+template <uint16_t (*FromF)(float)>
+static void narrowTyped(uint16_t* dst, const float* src, int64_t n, float k) {
+  if (k == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = FromF(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = FromF(src[i] * k);
+  }
+}
+
+template <float (*ToF)(uint16_t)>
+static void widenTyped(float* dst, const uint16_t* src, int64_t n, float k) {
+  if (k == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = ToF(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = ToF(src[i]) * k;
+  }
+}
+
+void narrowTo16(uint16_t* dst, const float* src, int64_t numel, sf_dtype wire, float factor) {
+  if (wire == SF_DTYPE_FLOAT16) {
+    narrowTyped<floatToHalf>(dst, src, numel, factor);
+  } else {
+    narrowTyped<floatToBf16>(dst, src, numel, factor);
+  }
+}
+
+void widenFrom16(float* dst, const uint16_t* src, int64_t numel, sf_dtype wire, float factor) {
+  if (wire == SF_DTYPE_FLOAT16) {
+    widenTyped<halfToFloat>(dst, src, numel, factor);
+  } else {
+    widenTyped<bf16ToFloat>(dst, src, numel, factor);
+  }
+}
+
 template <typename T>
 static void addTyped(T* out, const T* a, const T* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];

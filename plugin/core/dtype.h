@@ -24,6 +24,11 @@ uint16_t floatToBf16(float f);  // round to nearest even
 void scaleInPlace(void* data, int64_t numel, sf_dtype dtype, double factor);
 // dst[i] = src[i] * factor (factor 1 is a plain copy).
 void copyScaled(void* dst, const void* src, int64_t numel, sf_dtype dtype, double factor);
+// Bulk float32 <-> 16-bit (`wire` = SF_DTYPE_FLOAT16 or SF_DTYPE_BFLOAT16,
+// round to nearest even): dst[i] = round16(src[i] * factor) and
+// dst[i] = widen(src[i]) * factor. For carrying float32 buckets on a 16-bit wire.
+void narrowTo16(uint16_t* dst, const float* src, int64_t numel, sf_dtype wire, float factor);
+void widenFrom16(float* dst, const uint16_t* src, int64_t numel, sf_dtype wire, float factor);
 // out[i] = a[i] + b[i]: the reduction that the host backends apply.
 void addInto(void* out, const void* a, const void* b, size_t numel, sf_dtype dtype);
 

@@ -57,6 +57,8 @@ void setDefaults(sf_options& o) {
   o.bucket_cap_mb = kDefaultBucketCapMb;
   o.first_bucket_cap_mb = kDefaultFirstBucketCapMb;
   o.timeout_ms = kDefaultTimeoutMs;
+  o.max_inflight = kDefaultMaxInflight;
+  o.wire_dtype = SF_DTYPE_FLOAT32;
 }
 
 // Collects parse errors so that every valid variable is still applied.
@@ -161,6 +163,12 @@ void optionsFromEnvironment(sf_options& o) {
   env.readDouble("SF_BUCKET_CAP_MB", o.bucket_cap_mb, true);
   env.readDouble("SF_FIRST_BUCKET_CAP_MB", o.first_bucket_cap_mb, true);
   env.readTimeoutMs("SF_TIMEOUT_MS", o.timeout_ms);
+  env.readInt("SF_MAX_INFLIGHT", o.max_inflight, 1, kMaxInflightLimit);
+  static const char* const kWire[] = {"native", "bf16", "fp16"};
+  int32_t wire = -1;
+  env.readChoice("SF_WIRE_DTYPE", wire, kWire, 3);
+  if (wire == 1) o.wire_dtype = SF_DTYPE_BFLOAT16;
+  if (wire == 2) o.wire_dtype = SF_DTYPE_FLOAT16;
   const char* rdv = env.get("SF_RENDEZVOUS");
   if (!rdv && env.get("MASTER_ADDR")) rdv = "env://";
   if (rdv) {
@@ -233,6 +241,12 @@ void validateOptions(const sf_options& o) {
   } else if (o.rendezvous[0] != 0 && !knownRendezvous(o.rendezvous)) {
     s << "opts->rendezvous = '" << o.rendezvous
       << "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name, host://";
+  } else if (o.max_inflight < 1 || o.max_inflight > kMaxInflightLimit) {
+    s << "opts->max_inflight = " << o.max_inflight << " is outside [1, " << kMaxInflightLimit << "]";
+  } else if (o.wire_dtype != SF_DTYPE_FLOAT32 && o.wire_dtype != SF_DTYPE_BFLOAT16 &&
+             o.wire_dtype != SF_DTYPE_FLOAT16) {
+    s << "opts->wire_dtype = " << o.wire_dtype
+      << " is not SF_DTYPE_FLOAT32 (native), SF_DTYPE_BFLOAT16 or SF_DTYPE_FLOAT16";
   } else if (o.world_size > 1 && o.rendezvous[0] == 0) {
     s << "opts->rendezvous is empty but world_size = " << o.world_size
       << " (set SF_RENDEZVOUS, or MASTER_ADDR/MASTER_PORT for env://)";

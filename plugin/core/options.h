@@ -2,6 +2,7 @@
 // The context options: defaults, the SF_* and torchrun environment, and the
 // validation every entry point shares. Owns no state.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -20,6 +21,8 @@ constexpr uint64_t kStatsV1Size = 112;
 constexpr double kDefaultBucketCapMb = 25.0;
 constexpr double kDefaultFirstBucketCapMb = 1.0;
 constexpr int64_t kDefaultTimeoutMs = 300000;
+constexpr int32_t kDefaultMaxInflight = 4;
+constexpr int32_t kMaxInflightLimit = 16;
 
 // Fills `opts` (full size) with defaults, then the environment. Throws
 // sfsync::Error naming the first variable that does not parse, after applying

@@ -192,7 +192,13 @@ void Reducer::buildLocked() {
       controlBucket_ = int64_t(i);
     }
     if (controlBucket_ >= 0) {
-      controlModulus_ = controlModulus(plan_[size_t(controlBucket_)].dtype, opts_.world_size);
+      // A float32 bucket on a 16-bit wire carries its values as that type.
+      sf_dtype carried = plan_[size_t(controlBucket_)].dtype;
+      if (carried == SF_DTYPE_FLOAT32 && (opts_.wire_dtype == SF_DTYPE_BFLOAT16 ||
+                                          opts_.wire_dtype == SF_DTYPE_FLOAT16)) {
+        carried = opts_.wire_dtype;
+      }
+      controlModulus_ = controlModulus(carried, opts_.world_size);
       if (controlModulus_ < 2) controlBucket_ = -1;
     }
   }
@@ -372,10 +378,18 @@ void Reducer::start(Bucket& b, bool early) {
     }
   }
   ReduceSpec spec = reduceSpec();
+  spec.bucket = int64_t(&b - buckets_.data());
+  spec.trace = trace_;
+  if (trace_) {
+    trace_->instant(0, "launch", "\"bucket\":" + std::to_string(spec.bucket) + ",\"bytes\":" +
+                                     std::to_string(b.plan->bytes) + ",\"early\":" +
+                                     (early ? "true" : "false"));
+  }
   int64_t numel = b.numel;
   if (b.control) {
     // The control elements must be summed exactly: this bucket is scaled
-    // here (host memory), not by the backend, and only its gradients are.
+    // here (host memory), not by the backend, and only its gradients are;
+    // its modulus fits the dtype it travels in (a 16-bit wire included).
     if (spec.prescale != 1.0) scaleInPlace(b.storage, b.numel, dtype, spec.prescale);
     spec.prescale = 1.0;  // keep any other field of the spec
     spec.postscale = 1.0;
@@ -525,6 +539,9 @@ void Reducer::synchronize(int64_t window) {
       } catch (const Error& e) {
         failWith(e.status(), e.what());
       }
+    }
+    if (trace_) {
+      trace_->instant(0, "finish", "\"bucket\":" + std::to_string(&b - buckets_.data()));
     }
   }
   if (controlBucket_ >= 0) checkWindow();

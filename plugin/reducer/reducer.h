@@ -18,6 +18,7 @@
 
 #include "plugin/backend/backend.h"
 #include "plugin/core/dtype.h"
+#include "plugin/core/tracer.h"
 #include "plugin/reducer/bucket_plan.h"
 #include "sfsync.h"
 
@@ -70,6 +71,8 @@ class Reducer {
   // has failed (its peers may be gone). Never throws.
   bool quiesce() noexcept;
   ReducerCounters counters() const;
+  // SF_TRACE: launches and finishes go to the host track (nullptr: none).
+  void setTracer(Tracer* trace) { trace_ = trace; }
 
   // Gradient `id`'s storage (after build()) and size, for digests.
   struct GradientBytes {
@@ -148,6 +151,7 @@ class Reducer {
   ReducerCounters counters_;
   sf_status failedStatus_ = SF_OK;
   std::string failedMessage_;
+  Tracer* trace_ = nullptr;
 };
 
 }  // namespace sfsync

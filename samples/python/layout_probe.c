@@ -23,6 +23,8 @@ int main(void) {
   FIELD(sf_options, first_bucket_cap_mb);
   FIELD(sf_options, timeout_ms);
   FIELD(sf_options, rendezvous);
+  FIELD(sf_options, max_inflight);
+  FIELD(sf_options, wire_dtype);
   first = 1;
   printf("}}, \"sf_stats\": {\"size\": %zu, \"fields\": {", sizeof(sf_stats));
   FIELD(sf_stats, struct_size);

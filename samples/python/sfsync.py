@@ -187,6 +187,8 @@ class Options(ctypes.Structure):
         ("first_bucket_cap_mb", ctypes.c_double),
         ("timeout_ms", ctypes.c_int64),
         ("rendezvous", ctypes.c_char * RENDEZVOUS_MAX),
+        ("max_inflight", ctypes.c_int32),  # since 0.2
+        ("wire_dtype", ctypes.c_int32),    # since 0.2
     ]
 
     def to_dict(self):

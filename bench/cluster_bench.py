@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""End-to-end benchmark on simulated hosts: sfsync vs DDP, one command.
+
+    sudo /usr/bin/python3 bench/cluster_bench.py            # the full run (~10 min)
+    /usr/bin/python3 bench/cluster_bench.py --smoke          # 2 hosts, 1 rate, seconds
+
+For every host count N (2, 4) and link rate (10gbit, 1gbit, 200mbit, and
+loopback: N processes on this machine without a cluster), runs
+samples/python/bench_ddp.py with its variants taking turns window by window
+(sfsync, DDP with correct no_sync(), the DDP trap, DDP + fp16_compress_hook,
+sfsync with a bf16 / fp16 wire) and writes, under --out (default bench/results):
+  cluster_bench.json   every run's JSON record, plus the ratios
+  cluster_bench.md     the table README shows
+  cluster_bench.png    ms/window per variant vs link rate (python3-matplotlib)
+Ratios (same run): sfsync / ddp_fwd_bwd, best 16-bit sfsync / ddp_fp16,
+ddp_bwd_only / sfsync. Hosts are scripts/cluster.sh namespaces (root); one
+rank per host. Exit status 77 when clusters cannot run here.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+BENCH = os.path.join(ROOT, "samples", "python", "bench_ddp.py")
+PY = "/usr/bin/python3"
+VARIANTS = ["sfsync", "ddp_fwd_bwd", "ddp_bwd_only", "ddp_fp16", "sfsync_bf16", "sfsync_fp16"]
+RATES = ["10gbit", "1gbit", "200mbit"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--rates", nargs="+", default=RATES + ["loopback"])
+    p.add_argument("--variants", nargs="+", default=VARIANTS)
+    p.add_argument("--windows", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--micro-batches", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--sfsync-bucket-cap-mb", type=float, default=4.0,
+                   help="sfsync's cap (lanes make small buckets cheap); DDP keeps its 25")
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    p.add_argument("--port", type=int, default=29600)
+    p.add_argument("--smoke", action="store_true",
+                   help="2 hosts at 1gbit, sfsync / ddp_fwd_bwd / ddp_bwd_only, small model")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.hosts, a.rates = [2], ["1gbit"]
+        a.variants = ["sfsync", "ddp_fwd_bwd", "ddp_bwd_only"]
+        a.windows, a.warmup, a.hidden = 3, 1, 512
+    return a
+
+
+def run_one(a, n, rate, store_dir):
+    lib = os.path.join(a.build, "plugin", "libsfsync.so")
+    env = dict(os.environ, SFSYNC_LIBRARY=lib, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    env["MASTER_PORT"] = str(a.port)
+    a.port += 10  # a fresh port pair per run (TIME_WAIT)
+    bench = [PY, BENCH, "--windows", str(a.windows), "--warmup", str(a.warmup),
+             "--micro-batches", str(a.micro_batches), "--hidden", str(a.hidden),
+             "--sfsync-bucket-cap-mb", str(a.sfsync_bucket_cap_mb),
+             "--sfsync-store-dir", store_dir, "--variants"] + a.variants
+    if rate == "loopback":
+        cmd = [os.path.join(a.build, "plugin", "tools", "sfsync-run"), "-n", str(n),
+               "--master-port", str(a.port - 10), "--"] + bench
+    else:
+        cmd = ["bash", CLUSTER, "run", str(n), rate, "--"] + bench
+    t0 = time.time()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+    out = p.stdout + p.stderr
+    m = re.search(r"^(?:\[[^\]]*\] )?JSON (\{.*\})$", out, re.M)
+    if p.returncode != 0 or not m:
+        if p.returncode == 77:
+            print(out.strip(), file=sys.stderr)
+            sys.exit(77)
+        sys.stderr.write(out[-4000:])
+        raise SystemExit("cluster_bench: N=%d %s failed (status %d)" % (n, rate, p.returncode))
+    rec = json.loads(m.group(1))
+    rec["hosts"], rec["rate"], rec["run_s"] = n, rate, round(time.time() - t0, 1)
+    return rec
+
+
+def ratios(rec):
+    ms = {r["variant"]: r["ms_per_window_median"] for r in rec["results"]}
+    out = {}
+    if "sfsync" in ms and "ddp_fwd_bwd" in ms:
+        out["sfsync_vs_ddp"] = ms["sfsync"] / ms["ddp_fwd_bwd"]
+    if "sfsync" in ms and "ddp_bwd_only" in ms:
+        out["trap_vs_sfsync"] = ms["ddp_bwd_only"] / ms["sfsync"]
+    wire16 = [v for v in ("sfsync_bf16", "sfsync_fp16") if v in ms]
+    if wire16 and "ddp_fp16" in ms:
+        for v in wire16:
+            out["%s_vs_ddp_fp16" % v] = ms[v] / ms["ddp_fp16"]
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def table(records, variants):
+    head = "| N | link | " + " | ".join(variants) + " | sfsync/DDP | bf16/DDP-fp16 | fp16/DDP-fp16 | trap/sfsync |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for rec in records:
+        ms = {r["variant"]: r["ms_per_window_median"] for r in rec["results"]}
+        r = rec["ratios"]
+        cells = ["%.0f" % ms[v] if v in ms else "-" for v in variants]
+        fmt = lambda k: "%.2f" % r[k] if k in r else "-"
+        lines.append("| %d | %s | %s | %s | %s | %s | %s |" % (
+            rec["hosts"], rec["rate"], " | ".join(cells), fmt("sfsync_vs_ddp"),
+            fmt("sfsync_bf16_vs_ddp_fp16"), fmt("sfsync_fp16_vs_ddp_fp16"),
+            fmt("trap_vs_sfsync")))
+    return "\n".join(lines)
+
+
+def plot(records, variants, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    hosts = sorted({r["hosts"] for r in records})
+    fig, axes = plt.subplots(1, len(hosts), figsize=(6 * len(hosts), 4.5), squeeze=False)
+    order = [x for x in RATES[::-1] + ["loopback"] if any(r["rate"] == x for r in records)]
+    style = {"sfsync": ("C0", "o", "-"), "sfsync_bf16": ("C0", "s", "--"),
+             "sfsync_fp16": ("C0", "^", ":"), "ddp_fwd_bwd": ("C1", "o", "-"),
+             "ddp_fp16": ("C1", "s", "--"), "ddp_bwd_only": ("C3", "x", "-")}
+    for ax, n in zip(axes[0], hosts):
+        recs = {r["rate"]: r for r in records if r["hosts"] == n}
+        for v in variants:
+            xs, ys = [], []
+            for i, rate in enumerate(order):
+                for res in recs.get(rate, {}).get("results", []):
+                    if res["variant"] == v:
+                        xs.append(i)
+                        ys.append(res["ms_per_window_median"])
+            c, m, ls = style.get(v, ("k", ".", "-"))
+            ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
+        ax.set_xticks(range(len(order)))
+        ax.set_xticklabels(order)
+        ax.set_yscale("log")
+        ax.set_xlabel("link rate per host")
+        ax.set_ylabel("ms per window (median, slowest rank)")
+        ax.set_title("%d hosts, %d micro-batches per window" % (n, records[0]["micro_batches"]))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+LOAD0 = os.getloadavg()
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if not any(r == "loopback" for r in a.rates) or any(r != "loopback" for r in a.rates):
+        chk = subprocess.run(["bash", CLUSTER, "check"], capture_output=True, text=True)
+        if chk.returncode != 0 and any(r != "loopback" for r in a.rates):
+            print(chk.stderr.strip(), file=sys.stderr)
+            return chk.returncode
+    os.makedirs(a.out, exist_ok=True)
+    records = []
+    started = time.time()
+    for n in a.hosts:
+        for rate in a.rates:
+            with tempfile.TemporaryDirectory(prefix="sfsync-bench-") as store:
+                rec = run_one(a, n, rate, store)
+            rec["ratios"] = ratios(rec)
+            records.append(rec)
+            print("N=%d %-8s %s  %s" % (n, rate, " ".join(
+                "%s=%.0f" % (r["variant"], r["ms_per_window_median"]) for r in rec["results"]),
+                rec["ratios"]), flush=True)
+    name = "cluster_bench_smoke" if a.smoke else "cluster_bench"
+    doc = {"command": " ".join([PY] + sys.argv), "records": records,
+           "sfsync_bucket_cap_mb": a.sfsync_bucket_cap_mb, "load_before": LOAD0,
+           "load_after": os.getloadavg(),
+           "wall_s": round(time.time() - started, 1)}
+    with open(os.path.join(a.out, name + ".json"), "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    md = table(records, a.variants)
+    with open(os.path.join(a.out, name + ".md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+    try:
+        plot(records, a.variants, os.path.join(a.out, name + ".png"))
+    except ImportError:
+        print("cluster_bench: no matplotlib (apt-get install python3-matplotlib): no plot",
+              file=sys.stderr)
+    print("cluster_bench: wrote %s/%s.{json,md,png} in %.0f s" % (a.out, name,
+                                                                  time.time() - started))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,546 @@
+// Speed features, tested for what they must keep: several buckets in flight
+// (max_inflight lanes) give the exact same sums, once per bucket, in every
+// lane count, and a failure on one lane fails the whole synchronization
+// within its timeout; the 16-bit wire (wire_dtype) stays within the bound the
+// header documents and is off by default. Ranks are threads (memory:// store).
+
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/support/thread_ranks.h"
+
+using namespace sftest;
+
+namespace {
+
+// Sets an environment variable for the life of the object.
+struct EnvVar {
+  std::string name;
+  EnvVar(const char* n, const char* value) : name(n) { ::setenv(n, value, 1); }
+  ~EnvVar() { ::unsetenv(name.c_str()); }
+};
+
+sf_status initWith(const char* name, const char* value, sf_options& o) {
+  EnvVar e(name, value);
+  return sf_options_init(&o, sizeof o);
+}
+
+struct ExactRun {
+  std::string error;
+  int64_t collectives = 0, buckets = 0, bytes = 0, mismatches = 0;
+  double firstBad = 0, firstWant = 0;
+};
+
+// Every rank adds `sizes` gradients; element i of gradient g in window w on
+// rank r is (r + 1) * (w + 1) + (i + g) % 5: small integers, so every sum is
+// exact in float32 whatever the order.
+ExactRun exactWindows(int rank, int world, int lanes, const std::string& url,
+                      const std::vector<int64_t>& sizes, double capMb, int windows) {
+  ExactRun out;
+  sf_options o = rankOptions(rank, world, url);
+  o.reduce_op = SF_REDUCE_SUM;
+  o.max_inflight = lanes;
+  o.bucket_cap_mb = capMb;
+  o.first_bucket_cap_mb = 0.25;
+  ContextHandle h;
+  if (sf_create(&o, &h.ctx) != SF_OK) return {sf_last_error()};
+  std::vector<float*> data;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    int64_t id;
+    sf_add_gradient(h.ctx, sizes[g], SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
+  }
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    void* p = nullptr;
+    sf_gradient_data(h.ctx, int64_t(g), &p);
+    data.push_back(static_cast<float*>(p));
+  }
+  for (int w = 0; w < windows; ++w) {
+    for (size_t g = 0; g < sizes.size(); ++g) {
+      for (int64_t i = 0; i < sizes[g]; ++i) {
+        data[g][i] = float((rank + 1) * (w + 1) + (i + int64_t(g)) % 5);
+      }
+    }
+    // Odd windows start buckets early through grad-ready (reverse order).
+    if (w % 2 == 1) {
+      for (int64_t g = int64_t(sizes.size()) - 1; g >= 0; --g) {
+        if (sf_grad_ready(h.ctx, g) != SF_OK) return {sf_last_error()};
+      }
+    }
+    if (sf_synchronize(h.ctx) != SF_OK) return {sf_last_error()};
+    const int64_t rankSum = int64_t(world) * (world + 1) / 2;
+    for (size_t g = 0; g < sizes.size(); ++g) {
+      for (int64_t i = 0; i < sizes[g]; ++i) {
+        const float want = float(rankSum * (w + 1) + world * ((i + int64_t(g)) % 5));
+        if (data[g][i] != want) {
+          if (out.mismatches++ == 0) {
+            out.firstBad = data[g][i];
+            out.firstWant = want;
+          }
+        }
+      }
+    }
+  }
+  const sf_stats s = statsOf(h.ctx);
+  out.collectives = s.collectives_issued;
+  out.buckets = s.bucket_count;
+  out.bytes = s.bytes_reduced;
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(inflight_tests)
+
+BOOST_AUTO_TEST_CASE(option_default_environment_and_validation) {
+  sf_options o;
+  BOOST_REQUIRE(sf_options_init(&o, sizeof o) == SF_OK);
+  BOOST_TEST(o.max_inflight == 4);
+  BOOST_TEST(o.wire_dtype == SF_DTYPE_FLOAT32);
+  BOOST_TEST(initWith("SF_MAX_INFLIGHT", "3", o) == SF_OK);
+  BOOST_TEST(o.max_inflight == 3);
+  for (const char* bad : {"0", "17", "two", "-1"}) {
+    BOOST_TEST_CONTEXT("SF_MAX_INFLIGHT=" << bad) {
+      BOOST_TEST(initWith("SF_MAX_INFLIGHT", bad, o) == SF_ERR_INVALID_ARGUMENT);
+      BOOST_TEST(std::string(sf_last_error()).find("SF_MAX_INFLIGHT") != std::string::npos);
+      BOOST_TEST(o.max_inflight == 4);  // the default stays
+    }
+  }
+  sf_options_init(&o, sizeof o);
+  for (int bad : {0, -3, 17}) {
+    o.max_inflight = bad;
+    sf_context* ctx = nullptr;
+    BOOST_TEST(sf_create(&o, &ctx) == SF_ERR_INVALID_ARGUMENT);
+    BOOST_TEST(ctx == nullptr);
+    BOOST_TEST(std::string(sf_last_error()).find("max_inflight = " + std::to_string(bad)) !=
+               std::string::npos);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(older_callers_get_the_defaults) {
+  // A 0.1 caller's struct ends at rendezvous: whatever follows is not its.
+  sf_options o;
+  sf_options_init(&o, sizeof o);
+  o.struct_size = offsetof(sf_options, rendezvous) + SF_RENDEZVOUS_MAX;
+  o.max_inflight = -7;  // garbage beyond the caller's struct
+  o.wire_dtype = 99;
+  sf_context* ctx = nullptr;
+  BOOST_REQUIRE(sf_create(&o, &ctx) == SF_OK);
+  sf_options got;
+  got.struct_size = sizeof got;
+  BOOST_REQUIRE(sf_get_options(ctx, &got) == SF_OK);
+  BOOST_TEST(got.max_inflight == 4);
+  BOOST_TEST(got.wire_dtype == SF_DTYPE_FLOAT32);
+  sf_destroy(ctx);
+}
+
+BOOST_AUTO_TEST_CASE(exact_sums_once_per_bucket_for_every_lane_count) {
+  // A 5 MiB gradient is split into pieces across lanes; the small ones make
+  // several buckets of a 0.5 MiB cap.
+  const std::vector<int64_t> sizes = {1000, 70000, 1280 * 1024, 3, 200000, 65536, 7};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n * 4;
+  for (int lanes : {1, 2, 5}) {
+    for (int world : {2, 3}) {
+      BOOST_TEST_CONTEXT("lanes " << lanes << ", world " << world) {
+        const std::string url = "memory://" + uniqueName("lanes");
+        auto runs = runThreadRanks<ExactRun>(world, [&](int r) {
+          return exactWindows(r, world, lanes, url, sizes, 0.5, 2);
+        });
+        for (const auto& run : runs) {
+          BOOST_REQUIRE_MESSAGE(run.error.empty(), run.error);
+          BOOST_TEST(run.mismatches == 0, "first wrong value " << run.firstBad << ", expected "
+                                                               << run.firstWant);
+          BOOST_TEST(run.buckets == 6);  // [7] [65536] [200000] [3] [5 MiB] [70000 1000]
+          BOOST_TEST(run.collectives == 2 * run.buckets);  // once per bucket per window
+          BOOST_TEST(run.bytes == 2 * total);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_silent_peer_fails_the_whole_sync_within_its_timeout) {
+  // 32 buckets on 4 lanes: were the queued ones each to wait for their own
+  // timeout, rank 0 would wait 8 x 1 s; a failed lane fails the rest at once.
+  const int64_t timeoutMs = 1000;
+  const std::string url = "memory://" + uniqueName("silent");
+  std::atomic<bool> rank0Done{false};
+  struct Result {
+    std::string error;
+    sf_status first = SF_OK, second = SF_OK;
+    double firstSeconds = 0, secondSeconds = 0;
+    std::string message;
+  };
+  auto runs = runThreadRanks<Result>(2, [&](int r) {
+    Result out;
+    sf_options o = rankOptions(r, 2, url, timeoutMs);
+    o.max_inflight = 4;
+    o.bucket_cap_mb = 0.25;
+    o.first_bucket_cap_mb = 0.25;
+    ContextHandle h;
+    if (sf_create(&o, &h.ctx) != SF_OK) { out.error = sf_last_error(); return out; }
+    for (int g = 0; g < 32; ++g) {
+      int64_t id;
+      sf_add_gradient(h.ctx, 65536, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
+    }
+    if (sf_synchronize(h.ctx) != SF_OK) { out.error = sf_last_error(); return out; }  // connected
+    if (r == 1) {  // silent from now on, until rank 0 has seen the failure
+      while (!rank0Done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return out;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    out.first = sf_synchronize(h.ctx);
+    out.message = sf_last_error();
+    out.firstSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
+    out.second = sf_synchronize(h.ctx);
+    out.secondSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rank0Done.store(true);
+    return out;
+  });
+  BOOST_REQUIRE_MESSAGE(runs[0].error.empty(), runs[0].error);
+  BOOST_REQUIRE_MESSAGE(runs[1].error.empty(), runs[1].error);
+  BOOST_TEST_MESSAGE("silent peer: first error after " << runs[0].firstSeconds << " s: "
+                                                      << runs[0].message);
+  BOOST_TEST(runs[0].first == SF_ERR_TIMEOUT);
+  BOOST_TEST(runs[0].firstSeconds >= 0.9);
+  BOOST_TEST(runs[0].firstSeconds < 1.0 + 3.0);  // one timeout + slack for a loaded machine
+  BOOST_TEST(runs[0].second != SF_OK);           // the context stays failed
+  BOOST_TEST(runs[0].secondSeconds < 0.5);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+struct WireRun {
+  std::string error;
+  double worstRatio = 0;   // max over elements of |err| / bound
+  double worstRel = 0;     // max |err| / sum|x|
+  int64_t inexact = 0;     // elements not equal to the float32 reference
+};
+
+// Rank r's element i: deterministic pseudo-random, regenerable by every rank.
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+float wireValue(int rank, int64_t i, bool mixedSigns, int scaleBits) {
+  const uint64_t h = splitmix(uint64_t(rank) << 40 ^ uint64_t(i));
+  const double mant = 0.5 + 1.5 * double(h >> 11) * std::ldexp(1.0, -53);  // [0.5, 2)
+  const int e = int((h >> 1) % uint64_t(2 * scaleBits + 1)) - scaleBits;
+  double v = std::ldexp(mant, e);
+  if (mixedSigns && (h & 1)) v = -v;
+  return float(v);
+}
+
+WireRun wireWindow(int rank, int world, sf_dtype wire, const std::string& url, bool mixedSigns,
+                   int scaleBits, sf_reduce_op op, bool setWire) {
+  WireRun out;
+  sf_options o = rankOptions(rank, world, url);
+  o.reduce_op = op;
+  if (setWire) o.wire_dtype = wire;
+  o.bucket_cap_mb = 2;
+  ContextHandle h;
+  if (sf_create(&o, &h.ctx) != SF_OK) return {sf_last_error()};
+  const std::vector<int64_t> sizes = {1100 * 1024, 4099, 100000};  // one split into pieces
+  for (int64_t n : sizes) {
+    int64_t id;
+    sf_add_gradient(h.ctx, n, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
+  }
+  std::vector<float*> data;
+  int64_t base = 0;
+  std::vector<int64_t> bases;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    void* p = nullptr;
+    sf_gradient_data(h.ctx, int64_t(g), &p);
+    data.push_back(static_cast<float*>(p));
+    bases.push_back(base);
+    for (int64_t i = 0; i < sizes[g]; ++i) data[g][i] = wireValue(rank, base + i, mixedSigns, scaleBits);
+    base += sizes[g];
+  }
+  if (sf_synchronize(h.ctx) != SF_OK) return {sf_last_error()};
+  const double u = wire == SF_DTYPE_BFLOAT16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  const double absTerm = wire == SF_DTYPE_FLOAT16 ? world * std::ldexp(1.0, -24) : 0.0;
+  const double div = op == SF_REDUCE_AVERAGE ? world : 1.0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    for (int64_t i = 0; i < sizes[g]; ++i) {
+      double exact = 0, absSum = 0;
+      float ref = 0;  // float32, ranks in order (exact for 2 ranks)
+      for (int r = 0; r < world; ++r) {
+        const float x = wireValue(r, bases[g] + i, mixedSigns, scaleBits);
+        exact += x;
+        absSum += std::fabs(x);
+        ref += x;
+      }
+      const double err = std::fabs(double(data[g][i]) * div - exact);
+      // The documented bound, plus float32 rounding of the average.
+      const double bound = (world + 1) * u * absSum + absTerm + std::ldexp(absSum, -23) * (div > 1);
+      out.worstRatio = std::max(out.worstRatio, err / bound);
+      out.worstRel = std::max(out.worstRel, err / absSum);
+      if (data[g][i] * float(div) != ref) ++out.inexact;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(wire_dtype_tests)
+
+BOOST_AUTO_TEST_CASE(environment_and_validation) {
+  sf_options o;
+  BOOST_TEST(initWith("SF_WIRE_DTYPE", "bf16", o) == SF_OK);
+  BOOST_TEST(o.wire_dtype == SF_DTYPE_BFLOAT16);
+  BOOST_TEST(initWith("SF_WIRE_DTYPE", "fp16", o) == SF_OK);
+  BOOST_TEST(o.wire_dtype == SF_DTYPE_FLOAT16);
+  BOOST_TEST(initWith("SF_WIRE_DTYPE", "native", o) == SF_OK);
+  BOOST_TEST(o.wire_dtype == SF_DTYPE_FLOAT32);
+  BOOST_TEST(initWith("SF_WIRE_DTYPE", "int8", o) == SF_ERR_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(sf_last_error()).find("SF_WIRE_DTYPE='int8'") != std::string::npos);
+  sf_options_init(&o, sizeof o);
+  for (int bad : {SF_DTYPE_FLOAT64, 4, -1}) {
+    o.wire_dtype = bad;
+    sf_context* ctx = nullptr;
+    BOOST_TEST(sf_create(&o, &ctx) == SF_ERR_INVALID_ARGUMENT);
+    BOOST_TEST(std::string(sf_last_error()).find("wire_dtype = " + std::to_string(bad)) !=
+               std::string::npos);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(error_bound_holds_for_2_and_4_ranks) {
+  struct Case {
+    sf_dtype wire;
+    bool mixed;
+    int scaleBits;
+    sf_reduce_op op;
+  };
+  // fp16: magnitudes 2^-6..2^7 (no overflow); bf16: 2^-40..2^41.
+  const std::vector<Case> cases = {{SF_DTYPE_BFLOAT16, false, 40, SF_REDUCE_SUM},
+                                   {SF_DTYPE_BFLOAT16, true, 40, SF_REDUCE_AVERAGE},
+                                   {SF_DTYPE_FLOAT16, false, 6, SF_REDUCE_SUM},
+                                   {SF_DTYPE_FLOAT16, true, 6, SF_REDUCE_AVERAGE}};
+  for (int world : {2, 4}) {
+    for (const auto& c : cases) {
+      BOOST_TEST_CONTEXT("world " << world << ", wire " << c.wire << ", mixed signs " << c.mixed
+                                  << ", op " << c.op) {
+        const std::string url = "memory://" + uniqueName("wire");
+        auto runs = runThreadRanks<WireRun>(world, [&](int r) {
+          return wireWindow(r, world, c.wire, url, c.mixed, c.scaleBits, c.op, true);
+        });
+        for (const auto& run : runs) {
+          BOOST_REQUIRE_MESSAGE(run.error.empty(), run.error);
+          BOOST_TEST(run.worstRatio <= 1.0);
+          // It really went 16-bit: errors far above float32's.
+          BOOST_TEST(run.inexact > 1000);
+          BOOST_TEST(run.worstRel > std::ldexp(1.0, c.wire == SF_DTYPE_BFLOAT16 ? -10 : -13));
+        }
+        BOOST_TEST_MESSAGE("worst |err|/sum|x| = " << runs[0].worstRel << " (bound "
+                           << (world + 1) * std::ldexp(1.0, c.wire == SF_DTYPE_BFLOAT16 ? -8 : -11)
+                           << "), worst err/bound = " << runs[0].worstRatio);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(off_by_default_exact) {
+  // Two ranks: the float32 sum of two values is one rounding, the same
+  // whichever rank adds: the result must equal it bit for bit.
+  const std::string url = "memory://" + uniqueName("wireoff");
+  auto runs = runThreadRanks<WireRun>(2, [&](int r) {
+    return wireWindow(r, 2, SF_DTYPE_BFLOAT16, url, true, 40, SF_REDUCE_SUM, false);
+  });
+  for (const auto& run : runs) {
+    BOOST_REQUIRE_MESSAGE(run.error.empty(), run.error);
+    BOOST_TEST(run.inexact == 0);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- SF_TRACE ---------------------------------------------------------------
+
+#include <boost/property_tree/json_parser.hpp>
+#include "plugin/core/tracer.h"
+#include <boost/property_tree/ptree.hpp>
+
+#include <fstream>
+#include <map>
+
+namespace {
+
+struct TraceEvent {
+  std::string ph, name;
+  int pid = -1, tid = -1;
+  double ts = 0, dur = 0;
+  boost::property_tree::ptree args;
+};
+
+std::vector<TraceEvent> loadTrace(const std::string& path) {
+  boost::property_tree::ptree root;
+  boost::property_tree::read_json(path, root);
+  std::vector<TraceEvent> out;
+  for (const auto& kv : root.get_child("traceEvents")) {
+    const auto& e = kv.second;
+    TraceEvent t;
+    t.ph = e.get<std::string>("ph");
+    t.name = e.get<std::string>("name");
+    t.pid = e.get<int>("pid");
+    t.tid = e.get<int>("tid");
+    t.ts = e.get<double>("ts", 0);
+    t.dur = e.get<double>("dur", 0);
+    if (auto a = e.get_child_optional("args")) t.args = *a;
+    out.push_back(t);
+  }
+  return out;
+}
+
+struct TraceRun {
+  std::string error;
+  int64_t buckets = 0, bytes = 0;
+};
+
+// Two windows of three micro-batches; every micro-batch reports every
+// gradient ready (the last one outside the window, starting buckets early).
+TraceRun tracedWindows(int rank, const std::string& url, int lanes, sf_dtype wire) {
+  sf_options o = rankOptions(rank, 2, url);
+  o.max_inflight = lanes;
+  o.wire_dtype = wire;
+  o.bucket_cap_mb = 1;
+  o.first_bucket_cap_mb = 1;
+  ContextHandle h;
+  if (sf_create(&o, &h.ctx) != SF_OK) return {sf_last_error()};
+  const int grads = 6;
+  for (int g = 0; g < grads; ++g) {
+    int64_t id;
+    sf_add_gradient(h.ctx, 256 * 1024, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
+  }
+  for (int w = 0; w < 2; ++w) {
+    sf_begin_accumulation(h.ctx);
+    for (int m = 0; m < 3; ++m) {
+      if (m == 2) sf_end_accumulation(h.ctx);
+      for (int g = grads - 1; g >= 0; --g) {
+        if (sf_grad_ready(h.ctx, g) != SF_OK) return {sf_last_error()};
+      }
+    }
+    if (sf_synchronize(h.ctx) != SF_OK) return {sf_last_error()};
+  }
+  const sf_stats s = statsOf(h.ctx);
+  return {"", s.bucket_count, s.bytes_reduced};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(trace_tests)
+
+BOOST_AUTO_TEST_CASE(path_per_rank) {
+  BOOST_TEST(sfsync::Tracer::pathFor("t.json", 0, 1) == "t.json");
+  BOOST_TEST(sfsync::Tracer::pathFor("/a/t.json", 1, 2) == "/a/t.rank1.json");
+  BOOST_TEST(sfsync::Tracer::pathFor("/a.b/t", 3, 4) == "/a.b/t.rank3");
+  BOOST_TEST(sfsync::Tracer::pathFor("/x/r%r.json", 2, 4) == "/x/r2.json");
+}
+
+BOOST_AUTO_TEST_CASE(windows_passes_launches_wire_and_finishes) {
+  for (sf_dtype wire : {SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16}) {
+    BOOST_TEST_CONTEXT("wire dtype " << wire) {
+      const std::string dir = "/tmp/" + uniqueName("sftrace");
+      BOOST_REQUIRE(::system(("mkdir -p " + dir).c_str()) == 0);
+      const std::string pattern = dir + "/trace.json";
+      std::vector<TraceRun> runs;
+      {
+        EnvVar e("SF_TRACE", pattern.c_str());
+        const std::string url = "memory://" + uniqueName("trace");
+        runs = runThreadRanks<TraceRun>(2, [&](int r) { return tracedWindows(r, url, 3, wire); });
+      }
+      for (int rank = 0; rank < 2; ++rank) {
+        BOOST_TEST_CONTEXT("rank " << rank) {
+          BOOST_REQUIRE_MESSAGE(runs[size_t(rank)].error.empty(), runs[size_t(rank)].error);
+          const int64_t buckets = runs[size_t(rank)].buckets;
+          BOOST_TEST(buckets == 6);
+          const auto events = loadTrace(dir + "/trace.rank" + std::to_string(rank) + ".json");
+          std::map<std::string, int> count;
+          int passesInWindow = 0, lanesUsed = 0;
+          int64_t wireBytes = 0;
+          std::map<int, bool> lanes;
+          std::map<int64_t, double> launchAt, finishAt;
+          std::vector<TraceEvent> wires, windows, syncs;
+          for (const auto& e : events) {
+            BOOST_TEST(e.pid == rank);
+            if (e.ph == "M") continue;
+            ++count[e.name];
+            if (e.name == "pass" && e.args.get<bool>("in_window")) ++passesInWindow;
+            if (e.name == "launch") launchAt[e.args.get<int64_t>("bucket")] = e.ts;  // last window's
+            if (e.name == "finish") finishAt[e.args.get<int64_t>("bucket")] = e.ts;
+            if (e.name == "wire") {
+              BOOST_TEST(e.tid >= 1);
+              BOOST_TEST(e.tid <= 3);
+              lanes[e.tid] = true;
+              wireBytes += e.args.get<int64_t>("wire_bytes");
+              wires.push_back(e);
+            }
+            if (e.name == "window") windows.push_back(e);
+            if (e.name == "synchronize") syncs.push_back(e);
+          }
+          lanesUsed = int(lanes.size());
+          BOOST_TEST(count["window"] == 2);
+          BOOST_TEST(count["synchronize"] == 2);
+          BOOST_TEST(count["pass"] == 6);
+          BOOST_TEST(passesInWindow == 4);
+          BOOST_TEST(count["launch"] == 2 * buckets);
+          BOOST_TEST(count["finish"] == 2 * buckets);
+          BOOST_TEST(count["wire"] == 2 * buckets);  // 1 MiB buckets: one piece each
+          BOOST_TEST(lanesUsed == 3);
+          // Every byte reduced went through a wire span, halved on a 16-bit
+          // wire, plus the out-of-step check's two elements per window in
+          // one bucket (float32 gradients: 4 bytes each, 2 on a 16-bit wire).
+          const int64_t bytes = runs[size_t(rank)].bytes;
+          const int64_t control = 2 * 2 * (wire == SF_DTYPE_FLOAT32 ? 4 : 2);
+          BOOST_TEST(wireBytes == (wire == SF_DTYPE_FLOAT32 ? bytes : bytes / 2) + control);
+          // Each synchronize lies in its window; the last window's wire spans
+          // lie between their bucket's launch and finish.
+          for (size_t w = 0; w < windows.size() && w < syncs.size(); ++w) {
+            BOOST_TEST(syncs[w].ts >= windows[w].ts);
+            BOOST_TEST(syncs[w].ts + syncs[w].dur <= windows[w].ts + windows[w].dur + 1);
+          }
+          for (const auto& e : wires) {
+            if (e.ts < windows.back().ts) continue;
+            const int64_t b = e.args.get<int64_t>("bucket");
+            BOOST_TEST(e.ts >= launchAt[b] - 1);
+            BOOST_TEST(e.ts + e.dur <= finishAt[b] + 1);
+          }
+          // Buckets in flight together: two lanes' spans overlap in time.
+          bool overlap = false;
+          for (const auto& a : wires) {
+            for (const auto& b : wires) {
+              if (a.tid != b.tid && a.ts < b.ts + b.dur && b.ts < a.ts + a.dur) overlap = true;
+            }
+          }
+          BOOST_TEST(overlap);
+        }
+      }
+      BOOST_REQUIRE(::system(("rm -rf " + dir).c_str()) == 0);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(unwritable_path_is_a_warning_not_a_failure) {
+  EnvVar e("SF_TRACE", "/nonexistent-dir/x/trace.json");
+  sf_options o = rankOptions(0, 1, "");
+  sf_context* ctx = nullptr;
+  BOOST_REQUIRE(sf_create(&o, &ctx) == SF_OK);
+  int64_t id;
+  sf_add_gradient(ctx, 16, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
+  BOOST_TEST(sf_synchronize(ctx) == SF_OK);
+  sf_destroy(ctx);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
