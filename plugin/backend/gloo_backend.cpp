@@ -4,6 +4,7 @@
 
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
+#include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -12,6 +13,7 @@
 #include "plugin/backend/gloo_mesh.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
+#include "plugin/rendezvous/rendezvous.h"
 #include "plugin/core/tracer.h"
 #include "plugin/core/deadline.h"
 #include "plugin/rendezvous/store_factory.h"
@@ -76,7 +78,11 @@ class GlooWork : public Work {
 
 }  // namespace
 
-GlooBackend::GlooBackend(const sf_options& opts) : opts_(opts) {
+GlooBackend::GlooBackend(const sf_options& opts)
+    : GlooBackend(opts, std::make_shared<Rendezvous>(opts, Rendezvous::Admission::kSkip)) {}
+
+GlooBackend::GlooBackend(const sf_options& opts, std::shared_ptr<Rendezvous> rendezvous)
+    : opts_(opts), rendezvous_(std::move(rendezvous)) {
   const size_t lanes = size_t(std::max(1, opts_.max_inflight));
   for (size_t k = 1; k < lanes; ++k) laneExecutors_.push_back(std::make_unique<OrderedExecutor>());
 }
@@ -111,7 +117,7 @@ void GlooBackend::connect() {
 }
 
 void GlooBackend::connectHere() {
-  store_ = openStore(opts_);
+  store_ = rendezvous_->store();
   glooCall("connect", [&] {
     gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
@@ -279,6 +285,22 @@ void GlooBackend::barrierQuietly() noexcept {
     for (auto& f : pending) f.wait_for(timeout + std::chrono::seconds(5));
   } catch (...) {
   }
+}
+
+void GlooBackend::broadcast(void* data, size_t bytes, int root) {
+  connect();
+  auto context = context_;
+  executor_
+      .submit([context, data, bytes, root] {
+        glooCall("broadcast", [&] {
+          gloo::BroadcastOptions opts(context);
+          opts.setOutput(static_cast<uint8_t*>(data), bytes);
+          opts.setRoot(root);
+          gloo::broadcast(opts);
+        });
+      })
+      .get()
+      .throwIfFailed();
 }
 
 }  // namespace sfsync

@@ -37,8 +37,15 @@ class Store;
 
 namespace sfsync {
 
+class Rendezvous;
+
 class GlooBackend : public Backend {
  public:
+  // `rendezvous` is the context's: connect() takes the store from it.
+  GlooBackend(const sf_options& opts, std::shared_ptr<Rendezvous> rendezvous);
+  // A backend with a rendezvous of its own and no admission check: the
+  // transport alone (tools and tests of the connect; a Context passes its
+  // one Rendezvous, which admits ranks, to all its backends).
   explicit GlooBackend(const sf_options& opts);
   ~GlooBackend() override;
 
@@ -48,6 +55,7 @@ class GlooBackend : public Backend {
                                        ReduceSpec spec) override;
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
   void barrierQuietly() noexcept override;
+  void broadcast(void* data, size_t bytes, int root) override;
 
  private:
   void connectHere();  // on the worker thread
@@ -59,6 +67,7 @@ class GlooBackend : public Backend {
   void throwIfFailed();
 
   sf_options opts_;
+  std::shared_ptr<Rendezvous> rendezvous_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
   std::shared_ptr<gloo::Context> context_;                 // lane 0
   std::vector<std::shared_ptr<gloo::Context>> lanes_;      // all lanes, once connected

@@ -136,10 +136,11 @@ struct EnvReader {
 };
 
 bool knownRendezvous(const char* url) {
-  static const char* const kForms[] = {"env://", "file://", "redis://", "memory://"};
+  static const char* const kForms[] = {"env://", "file://", "redis://", "memory://", "host://"};
   for (const char* form : kForms) {
     const size_t n = std::strlen(form);
-    if (std::strncmp(url, form, n) == 0 && (url[n] != 0 || std::strcmp(form, "env://") == 0)) {
+    const bool bare = std::strcmp(form, "env://") == 0 || std::strcmp(form, "host://") == 0;
+    if (std::strncmp(url, form, n) == 0 && (url[n] != 0 || bare)) {
       return true;
     }
   }
@@ -239,7 +240,7 @@ void validateOptions(const sf_options& o) {
     s << "opts->rendezvous is not NUL-terminated within " << SF_RENDEZVOUS_MAX << " bytes";
   } else if (o.rendezvous[0] != 0 && !knownRendezvous(o.rendezvous)) {
     s << "opts->rendezvous = '" << o.rendezvous
-      << "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name";
+      << "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name, host://";
   } else if (o.max_inflight < 1 || o.max_inflight > kMaxInflightLimit) {
     s << "opts->max_inflight = " << o.max_inflight << " is outside [1, " << kMaxInflightLimit << "]";
   } else if (o.wire_dtype != SF_DTYPE_FLOAT32 && o.wire_dtype != SF_DTYPE_BFLOAT16 &&

@@ -74,6 +74,17 @@ class Reducer {
   // SF_TRACE: launches and finishes go to the host track (nullptr: none).
   void setTracer(Tracer* trace) { trace_ = trace; }
 
+  // Gradient `id`'s storage (after build()) and size, for digests.
+  struct GradientBytes {
+    const void* data;
+    int64_t bytes;
+    sf_device device;
+  };
+  GradientBytes gradientBytesOf(int64_t id) const {
+    const Gradient& g = grads_[size_t(id)];
+    return {g.data, g.bytes(), g.device};
+  }
+
  private:
   struct Gradient {
     void* data;  // host pointer, or the view into flat_ once built

@@ -46,7 +46,7 @@ const SF_DTYPE_FLOAT64 = Int32(1)
 const SF_DEVICE_HOST = Int32(0)
 const SF_RENDEZVOUS_MAX = 256
 
-# Mirror of sf_options (version 1). Filled by sf_options_init with
+# Mirror of sf_options (version 1 and the fields 0.2 appends). Filled by sf_options_init with
 # sizeof(SfOptions); never initialized field by field by hand.
 struct SfOptions
     struct_size::UInt64
@@ -61,6 +61,8 @@ struct SfOptions
     first_bucket_cap_mb::Cdouble
     timeout_ms::Int64
     rendezvous::NTuple{SF_RENDEZVOUS_MAX,UInt8}
+    max_inflight::Int32     # since 0.2
+    wire_dtype::Int32       # since 0.2 (an sf_dtype)
 end
 
 # Mirror of sf_stats (version 1).
