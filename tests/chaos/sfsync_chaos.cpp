@@ -61,6 +61,7 @@ struct Config {
   std::set<int> faults;
   int redisPort = -1;
   bool verbose = false;
+  bool stacks = false;  // gdb the hung processes
 };
 
 double msSince(Clock::time_point t) {
@@ -115,7 +116,23 @@ struct Child {
   int exitCode = -1, signal = 0;
   bool killedByUs = false, hung = false;
   std::string output;
+  std::string stacks;  // of a hung process: the sfsync frames of each waiting thread
 };
+
+// The sfsync and Gloo frames of every thread of a hung process (gdb), so that
+// a hang report says where it waits.
+std::string stacksOf(pid_t pid) {
+  const std::string cmd = "timeout 30 gdb -batch -p " + std::to_string(pid) +
+                          " -ex 'thread apply all bt 14' 2>/dev/null | grep -E '^Thread|sfsync::|gloo::' | "
+                          "sed -E 's/ \\(.*\\) at / at /; s/^#[0-9]+ +(0x[0-9a-f]+ in )?/    /' | head -60";
+  std::string out;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, f)) out += buf;
+    ::pclose(f);
+  }
+  return out;
+}
 
 pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
             const std::string& log) {
@@ -331,10 +348,11 @@ SessionResult runSession(const Plan& plan, bool threads, const std::string& rdvK
       for (size_t i = 0; i < kids.size(); ++i) {
         Child& c = kids[i];
         if (c.pid < 0) continue;
+        c.hung = late && !(faultStops && int(i) == plan.target);
+        if (c.hung && cfg.stacks) c.stacks = stacksOf(c.pid);
         ::kill(c.pid, SIGKILL);
         ::waitpid(c.pid, nullptr, 0);
         c.killedByUs = true;
-        c.hung = late && !(faultStops && int(i) == plan.target);
         c.pid = -1;
       }
       break;
@@ -385,6 +403,7 @@ SessionResult runSession(const Plan& plan, bool threads, const std::string& rdvK
       std::string line;
       int n = 0;
       while (std::getline(lines, line) && n++ < 30) all << "  " << line.substr(0, 400) << "\n";
+      if (!kids[i].stacks.empty()) all << "  stacks:\n" << kids[i].stacks;
     }
     res.detail += "\n" + all.str();
   }
@@ -448,6 +467,7 @@ int main(int argc, char** argv) {
     ("replay", "run this one plan (from a failure report)", cxxopts::value<std::string>()->default_value(""))
     ("replay-store", "rendezvous of the replayed session: env|file|redis|memory", cxxopts::value<std::string>()->default_value("env"))
     ("show", "failed sessions to print in full", cxxopts::value<int>()->default_value("5"))
+    ("stacks", "print the stacks of hung ranks (gdb)")
     ("v,verbose", "print every session")
     ("h,help", "this help");
   cxxopts::ParseResult args;
@@ -470,6 +490,7 @@ int main(int argc, char** argv) {
   cfg.slackMs = args["slack-ms"].as<int64_t>();
   cfg.maxWorld = std::max(2, args["max-world"].as<int>());
   cfg.verbose = args.count("verbose") > 0;
+  cfg.stacks = args.count("stacks") > 0 && ::access("/usr/bin/gdb", X_OK) == 0;
   {
     std::istringstream in(args["rendezvous"].as<std::string>());
     std::string item;
