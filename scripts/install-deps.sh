@@ -11,6 +11,8 @@ packages=(
   redis-server                        # the redis:// rendezvous tests
   python3-torch python3-numpy         # the Python + PyTorch sample (/usr/bin/python3)
   cargo librust-libloading-dev        # the Rust sample (offline, Debian's crates)
+  iproute2                            # simulated hosts (scripts/cluster.sh: ip netns, tc tbf)
+  python3-matplotlib                  # benchmark and trace plots (bench/, scripts/)
 )
 
 missing=()
