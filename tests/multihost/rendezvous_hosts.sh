@@ -22,6 +22,8 @@ stores=("$@")
 TIMEOUT_MS=${SF_MULTIHOST_TIMEOUT_MS:-3000}
 SLACK_MS=${SF_MULTIHOST_SLACK_MS:-3000}
 WORLD=3
+# A rank still running this long is hung (killed, and reported so).
+RANK_LIMIT_S=$(((4 * TIMEOUT_MS + SLACK_MS) / 1000 + 15))
 fails=0
 ok() { echo "ok: $*"; }
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -53,9 +55,10 @@ start() {
     file) rdv="file://$work/$tag-store" ;;
   esac
   pids=()
-  for ((r = 0; r < WORLD; r++)); do
+  for ((r = 0; r < ${WORLD_STARTED:-$WORLD}; r++)); do
     RANK=$r WORLD_SIZE=$WORLD LOCAL_RANK=0 MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
-      SF_RENDEZVOUS=$rdv "$CLUSTER" exec "$id" "$r" "$RANKPROG" "$p" > "$work/$tag.rank$r" 2>&1 &
+      SF_RENDEZVOUS=$rdv timeout -s KILL "$RANK_LIMIT_S" "$CLUSTER" exec "$id" "$r" "$RANKPROG" "$p" \
+      > "$work/$tag.rank$r" 2>&1 &
     pids[r]=$!
   done
 }
@@ -100,7 +103,7 @@ for store in "${stores[@]}"; do
   victims=($((WORLD - 1)))
   [[ $store == env ]] && victims+=(0)
   for v in "${victims[@]}"; do
-    "$CLUSTER" heal "$id" "$v" 2> /dev/null
+    for ((h = 0; h < WORLD; h++)); do "$CLUSTER" heal "$id" "$h"; done
     tag=$store-cut$v
     start "$store" "$tag" "$(plan 64 4 64 256)"
     sleep 1
@@ -117,6 +120,7 @@ for store in "${stores[@]}"; do
       [[ $done == 1 ]] && all_failed=0
       if [[ $st != 4 && $st != 5 ]]; then
         all_failed=0
+        [[ -z $st ]] && echo "    rank $r: no result (hung: killed after ${RANK_LIMIT_S} s)"
         sed 's/^/    /' "$f" | head -3
       fi
       [[ -n $err ]] && ((${err%.*} > worst_err)) && worst_err=${err%.*}
@@ -132,6 +136,66 @@ for store in "${stores[@]}"; do
     ((worst_exit <= 2 * TIMEOUT_MS + SLACK_MS)) && ok "$store: every rank exited ${worst_exit} ms after the cut <= 2 x timeout + slack" ||
       bad "$store: a rank exited ${worst_exit} ms after the cut > 2 x ${TIMEOUT_MS} + ${SLACK_MS}"
   done
+  # 3. A host whose link is down from the start (env://): nobody can meet
+  #    it; every rank, the cut-off one included, fails within timeout + slack.
+  if [[ $store == env ]]; then
+    for ((h = 0; h < WORLD; h++)); do "$CLUSTER" heal "$id" "$h"; done
+    v=$((WORLD - 1))
+    "$CLUSTER" cut "$id" "$v"
+    tag=$store-down$v
+    t0=$(now_ms)
+    start "$store" "$tag" "$(plan 2 2 16 64)"
+    worst_exit=0 statuses="" all_failed=1
+    for ((r = 0; r < WORLD; r++)); do
+      wait "${pids[r]}"
+      t_exit=$(($(now_ms) - t0))
+      ((t_exit > worst_exit)) && worst_exit=$t_exit
+      f=$work/$tag.rank$r
+      st=$(field "$f" status) err=$(field "$f" errms)
+      statuses+="$r:${st:-none}/${err%.*}ms "
+      if [[ $st != 4 && $st != 5 ]]; then
+        all_failed=0
+        [[ -z $st ]] && echo "    rank $r: no result (hung: killed after ${RANK_LIMIT_S} s)"
+      fi
+    done
+    echo "  $store, host $v's link down from the start: rank:status/failing-call-ms $statuses; last exit ${worst_exit} ms after start"
+    ((all_failed)) && ok "$store: host $v unreachable from the start: every rank failed with SF_ERR_TIMEOUT/SF_ERR_BACKEND" ||
+      bad "$store: host $v unreachable from the start: not every rank failed ($statuses)"
+    ((worst_exit <= 2 * TIMEOUT_MS + SLACK_MS)) && ok "$store: every rank exited ${worst_exit} ms after start <= 2 x timeout + slack" ||
+      bad "$store: a rank exited ${worst_exit} ms after start > 2 x ${TIMEOUT_MS} + ${SLACK_MS}"
+  fi
+  # 4. The store's host loses its link while the ranks wait in the
+  #    rendezvous (the last rank never comes): no answer, no reset. Every
+  #    started rank fails within timeout + slack of its start.
+  if [[ $store == env || $store == redis ]]; then
+    for ((h = 0; h < hosts; h++)); do "$CLUSTER" heal "$id" "$h"; done
+    sh=0
+    [[ $store == redis ]] && sh=$WORLD
+    tag=$store-storecut
+    t0=$(now_ms)
+    WORLD_STARTED=$((WORLD - 1)) start "$store" "$tag" "$(plan 2 2 16 64)"
+    sleep 0.7
+    "$CLUSTER" cut "$id" "$sh"
+    worst_exit=0 statuses="" all_failed=1
+    for ((r = 0; r < WORLD - 1; r++)); do
+      wait "${pids[r]}"
+      t_exit=$(($(now_ms) - t0))
+      ((t_exit > worst_exit)) && worst_exit=$t_exit
+      f=$work/$tag.rank$r
+      st=$(field "$f" status) err=$(field "$f" errms)
+      statuses+="$r:${st:-none}/${err%.*}ms "
+      if [[ $st != 4 && $st != 5 ]]; then
+        all_failed=0
+        [[ -z $st ]] && echo "    rank $r: no result (hung: killed after ${RANK_LIMIT_S} s)"
+      fi
+    done
+    "$CLUSTER" heal "$id" "$sh"
+    echo "  $store, the store's host $sh cut during the rendezvous: rank:status/failing-call-ms $statuses; last exit ${worst_exit} ms after start"
+    ((all_failed)) && ok "$store: store host cut during the rendezvous: every rank failed with SF_ERR_TIMEOUT/SF_ERR_BACKEND" ||
+      bad "$store: store host cut during the rendezvous: not every rank failed ($statuses)"
+    ((worst_exit <= 2 * TIMEOUT_MS + SLACK_MS)) && ok "$store: every rank exited ${worst_exit} ms after start <= 2 x timeout + slack" ||
+      bad "$store: a rank exited ${worst_exit} ms after start > 2 x ${TIMEOUT_MS} + ${SLACK_MS}"
+  fi
   [[ -n $redis_pid ]] && { kill "$redis_pid" 2> /dev/null; wait "$redis_pid" 2> /dev/null; redis_pid=""; }
   "$CLUSTER" down "$id"
   id=""
