@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config    # toolchain
   libgloo-dev libhiredis-dev          # the Gloo backend (TCP, Redis store)
   libboost-test-dev                   # Boost.Test suites
+  libssl-dev                          # the env:// store's job token (HMAC-SHA256, libcrypto)
   libcxxopts-dev                      # command-line tools
   redis-server                        # the redis:// rendezvous tests
   python3-torch python3-numpy         # the Python + PyTorch sample (/usr/bin/python3)

@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "plugin/backend/gloo_mesh.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/rendezvous/store_factory.h"
@@ -71,10 +72,9 @@ void GlooBackend::connectHere() {
   glooCall("connect", [&] {
     gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(opts_.rank, opts_.world_size);
-    context->setTimeout(std::chrono::milliseconds(opts_.timeout_ms));
-    context->connectFullMesh(*store_, device);
-    context_ = context;
+    // Our own full-mesh connect: Gloo's waits 5 x timeout for a silent peer.
+    context_ = connectGlooMesh(*store_, device, opts_.rank, opts_.world_size,
+                               std::chrono::milliseconds(opts_.timeout_ms));
   });
 }
 

@@ -9,33 +9,39 @@
 #include <map>
 #include <mutex>
 
-#include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
-#include <gloo/rendezvous/redis_store.h>
 
 #include "plugin/core/error.h"
+#include "plugin/rendezvous/file_store.h"
 #include "plugin/rendezvous/memory_store.h"
+#include "plugin/rendezvous/redis_store.h"
 #include "plugin/rendezvous/tcp_store.h"
 
 namespace sfsync {
 
 namespace {
 
-// PrefixStore over a store it keeps alive.
-class OwningPrefixStore : public gloo::rendezvous::Store {
+// PrefixStore over a store it keeps alive; a wait without a timeout uses
+// the context's timeout_ms (Gloo's default is a fixed 30 s).
+class OwningPrefixStore : public gloo::rendezvous::Store, public StoreHealth {
  public:
-  OwningPrefixStore(const std::string& prefix, std::shared_ptr<gloo::rendezvous::Store> inner)
-      : inner_(std::move(inner)), prefixed_(prefix, *inner_) {}
+  OwningPrefixStore(const std::string& prefix, std::shared_ptr<gloo::rendezvous::Store> inner,
+                    std::chrono::milliseconds timeout)
+      : inner_(std::move(inner)), prefixed_(prefix, *inner_), timeout_(timeout) {}
   void set(const std::string& k, const std::vector<char>& d) override { prefixed_.set(k, d); }
   std::vector<char> get(const std::string& k) override { return prefixed_.get(k); }
-  void wait(const std::vector<std::string>& keys) override { prefixed_.wait(keys); }
+  void wait(const std::vector<std::string>& keys) override { prefixed_.wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
     prefixed_.wait(keys, t);
+  }
+  void checkHealth() override {
+    if (auto* h = dynamic_cast<StoreHealth*>(inner_.get())) h->checkHealth();
   }
 
  private:
   std::shared_ptr<gloo::rendezvous::Store> inner_;
   gloo::rendezvous::PrefixStore prefixed_;
+  std::chrono::milliseconds timeout_;
 };
 
 bool startsWith(const std::string& s, const char* prefix) {
@@ -80,13 +86,16 @@ std::shared_ptr<gloo::rendezvous::Store> openInner(const sf_options& o) {
   const std::chrono::milliseconds timeout(o.timeout_ms);
   std::shared_ptr<gloo::rendezvous::Store> inner;
   if (startsWith(url, "memory://") && url.size() > 9) {
-    inner = MemoryStore::named(url.substr(9));
+    auto memory = MemoryStore::named(url.substr(9));
+    memory->claim(o.rank, url);
+    inner = memory;
   } else if (startsWith(url, "file://") && url.size() > 7) {
     const std::string path = url.substr(7);
     makeDirectories(path);
-    inner = std::make_shared<gloo::rendezvous::FileStore>(path);
+    inner = std::make_shared<FileStore>(path, timeout);
   } else if (url == "env://") {
-    inner = std::make_shared<TcpStore>(masterAddr(), masterPort(), o.rank == 0, timeout);
+    inner = std::make_shared<TcpStore>(masterAddr(), masterPort(), o.rank == 0, timeout, o.rank,
+                                       o.world_size);
   } else if (startsWith(url, "redis://")) {
     std::string rest = url.substr(8), prefix = "sfsync";
     size_t slash = rest.find('/');
@@ -100,14 +109,14 @@ std::shared_ptr<gloo::rendezvous::Store> openInner(const sf_options& o) {
     if (host.empty() || port <= 0 || port > 65535) {
       fail(SF_ERR_INVALID_ARGUMENT, "rendezvous = '" + url + "' is not redis://host:port[/prefix]");
     }
-    auto redis = std::make_shared<gloo::rendezvous::RedisStore>(host, port);
-    return std::make_shared<OwningPrefixStore>(prefix, redis);
+    auto redis = std::make_shared<RedisStore>(host, port, timeout);
+    return std::make_shared<OwningPrefixStore>(prefix, redis, timeout);
   } else {
     fail(SF_ERR_INVALID_ARGUMENT,
          "rendezvous = '" + url +
              "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name");
   }
-  return std::make_shared<OwningPrefixStore>("sfsync", inner);
+  return std::make_shared<OwningPrefixStore>("sfsync", inner, timeout);
 }
 
 }  // namespace

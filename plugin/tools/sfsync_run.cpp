@@ -4,7 +4,10 @@
 //   sfsync-run -n 2 -- ./trainer --windows 5
 //
 // Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
-// MASTER_ADDR and MASTER_PORT (a free port unless given). When a rank exits
+// MASTER_ADDR and MASTER_PORT (a free port unless given), and SF_AUTH_TOKEN:
+// a fresh random job token per launch (unless SF_AUTH_TOKEN or
+// SF_AUTH_TOKEN_FILE is already set), so that rank 0's env:// store admits
+// only these ranks. When a rank exits
 // with a non-zero status or a signal, the others get SIGTERM (SIGKILL after a
 // grace period) and sfsync-run exits with that first status (128 + signal).
 
@@ -12,6 +15,8 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/random.h>
+#include <cerrno>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +45,33 @@ int freePort() {
     std::exit(2);
   }
   return port;
+}
+
+// 32 random bytes from the kernel, as hex: this launch's job token.
+std::string randomToken() {
+  unsigned char b[32];
+  size_t got = 0;
+  while (got < sizeof b) {
+    ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::perror("sfsync-run: getrandom");
+      std::exit(2);
+    }
+    got += size_t(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
+bool envSet(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v;
 }
 
 // One child's output stream: bytes are cut into lines and prefixed.
@@ -112,6 +144,8 @@ int main(int argc, char** argv) {
   const int port = args.count("master-port") ? args["master-port"].as<int>() : freePort();
   const double grace = args["grace"].as<double>();
   const bool prefix = !args.count("no-prefix");
+  const std::string token =
+      envSet("SF_AUTH_TOKEN") || envSet("SF_AUTH_TOKEN_FILE") ? "" : randomToken();
 
   struct sigaction sa{};
   sa.sa_handler = onSignal;
@@ -141,6 +175,7 @@ int main(int argc, char** argv) {
       ::setenv("GROUP_RANK", "0", 1);
       ::setenv("MASTER_ADDR", addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!token.empty()) ::setenv("SF_AUTH_TOKEN", token.c_str(), 1);
       std::vector<char*> cargv;
       for (const auto& a : command) cargv.push_back(const_cast<char*>(a.c_str()));
       cargv.push_back(nullptr);

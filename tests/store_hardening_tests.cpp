@@ -1,0 +1,531 @@
+// Rendezvous under faults, ranks as threads: every wait ends within
+// timeout_ms + kSlack with SF_ERR_TIMEOUT / SF_ERR_BACKEND / SF_ERR_MISMATCH
+// and a message that names what it waited for; the env:// store survives
+// strangers (garbage, floods, fd exhaustion) and admits only the job.
+// Each case was seen to fail (hang, wrong status, leak or >5x timeout) on
+// the 0.1 code before the fix.
+
+#include <boost/test/unit_test.hpp>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <gloo/transport/tcp/address.h>
+
+#include "plugin/backend/gloo_backend.h"
+#include "plugin/core/error.h"
+#include "plugin/core/log.h"
+#include "plugin/core/options.h"
+#include "plugin/rendezvous/memory_store.h"
+#include "plugin/rendezvous/store_factory.h"
+#include "plugin/rendezvous/tcp_store.h"
+#include "tests/support/processes.h"
+#include "tests/support/thread_ranks.h"
+
+using namespace sfsync;
+using std::chrono::milliseconds;
+
+namespace {
+
+// The documented slack (README "Rendezvous, timeouts and trust").
+constexpr double kSlackSeconds = 2.0;
+
+struct Outcome {
+  bool finished = false;
+  sf_status status = SF_OK;
+  std::string message;
+  double seconds = 0;
+};
+
+// Runs f on its own thread and waits at most limitSeconds for it. A body
+// that hangs is left behind (the test has failed by then) so that the suite
+// goes on.
+Outcome bounded(std::function<void()> f, double limitSeconds) {
+  struct Shared {
+    std::mutex m;
+    std::condition_variable cv;
+    Outcome out;
+  };
+  auto shared = std::make_shared<Shared>();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread([shared, f, t0] {
+    Outcome o;
+    try {
+      f();
+    } catch (const Error& e) {
+      o.status = e.status();
+      o.message = e.what();
+    } catch (const std::exception& e) {
+      o.status = SF_ERR_INTERNAL;  // what the C boundary would return
+      o.message = e.what();
+    }
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    o.finished = true;
+    std::lock_guard<std::mutex> lock(shared->m);
+    shared->out = o;
+    shared->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(shared->m);
+  shared->cv.wait_for(lock, std::chrono::duration<double>(limitSeconds),
+                      [&] { return shared->out.finished; });
+  Outcome o = shared->out;
+  if (!o.finished) {
+    o.seconds = limitSeconds;
+    o.message = "still waiting after " + std::to_string(limitSeconds) + " s";
+  }
+  return o;
+}
+
+// A TCP listener that never accepts nor answers: a wedged rank 0, a
+// squatter on the port, a silent Redis.
+struct SilentListener {
+  int fd = -1;
+  int port = 0;
+  explicit SilentListener(const char* ip = "127.0.0.1", int backlog = 128) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, ip, &a.sin_addr);
+    socklen_t len = sizeof a;
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(fd, backlog);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~SilentListener() { ::close(fd); }
+};
+
+int connectTo(int port, const char* ip = "127.0.0.1") {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  ::inet_pton(AF_INET, ip, &a.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int countEntries(const char* dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+int openFds() { return countEntries("/proc/self/fd"); }
+int threadCount() { return countEntries("/proc/self/task"); }
+
+long rssKiB() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+// Polls cond for up to `seconds`.
+bool eventually(const std::function<bool()>& cond, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return cond();
+}
+
+std::vector<char> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Sets an environment variable for the life of the object.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const std::string& n, const std::string& v) : name(n) { ::setenv(n.c_str(), v.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+
+sf_options gloo2(int rank, const std::string& url, int64_t timeoutMs) {
+  sf_options o;
+  optionsFromEnvironment(o);
+  o.rank = rank;
+  o.world_size = 2;
+  o.timeout_ms = timeoutMs;
+  std::strncpy(o.rendezvous, url.c_str(), SF_RENDEZVOUS_MAX - 1);
+  o.backend = SF_BACKEND_GLOO;
+  return o;
+}
+
+// The key Gloo's full mesh reads for `rank` (world 2): one pair address.
+std::vector<char> glooAddressBlob(const char* ip, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  ::inet_pton(AF_INET, ip, &a.sin_addr);
+  return gloo::transport::tcp::Address(reinterpret_cast<sockaddr*>(&a), sizeof a).bytes();
+}
+
+void expectBounded(const Outcome& o, double timeoutSeconds, std::initializer_list<sf_status> ok) {
+  BOOST_TEST(o.finished, o.message);
+  bool statusOk = false;
+  for (sf_status s : ok) statusOk = statusOk || o.status == s;
+  BOOST_TEST(statusOk, "status " << o.status << ": " << o.message);
+  BOOST_TEST(o.seconds <= timeoutSeconds + kSlackSeconds,
+             "error after " << o.seconds << " s, timeout " << timeoutSeconds << " s");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(store_hardening_tests)
+
+// ---- Bounded waits ----------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(silent_store_times_out_naming_host_and_port) {
+  SilentListener silent;
+  const Outcome o = bounded(
+      [&] {
+        TcpStore client("127.0.0.1", silent.port, false, milliseconds(800));
+        client.get("sfsync/0");
+      },
+      10);
+  expectBounded(o, 0.8, {SF_ERR_TIMEOUT});
+  BOOST_TEST(o.message.find("127.0.0.1:" + std::to_string(silent.port)) != std::string::npos,
+             o.message);
+}
+
+BOOST_AUTO_TEST_CASE(silent_redis_times_out) {
+  SilentListener silent;
+  sf_options o = gloo2(1, "redis://127.0.0.1:" + std::to_string(silent.port) + "/job", 800);
+  const Outcome out = bounded([&] { openStore(o)->get("sfsync/0"); }, 10);
+  expectBounded(out, 0.8, {SF_ERR_TIMEOUT});
+  BOOST_TEST(out.message.find("127.0.0.1:" + std::to_string(silent.port)) != std::string::npos,
+             out.message);
+}
+
+BOOST_AUTO_TEST_CASE(refused_redis_is_a_backend_error) {
+  const int port = sftest::freePort();
+  sf_options o = gloo2(1, "redis://127.0.0.1:" + std::to_string(port) + "/job", 800);
+  const Outcome out = bounded([&] { openStore(o)->get("sfsync/0"); }, 10);
+  expectBounded(out, 0.8, {SF_ERR_BACKEND});
+  BOOST_TEST(out.message.find("127.0.0.1:" + std::to_string(port)) != std::string::npos,
+             out.message);
+}
+
+BOOST_AUTO_TEST_CASE(dead_peer_address_passive_side_gloo_thread) {
+  // Rank 1's address sorts above rank 0's (127.0.0.2 > 127.0.0.1): rank 0 is
+  // Gloo's listening side and waits for a peer that never connects. 0.1
+  // failed after 5 x timeout.
+  const std::string name = sftest::uniqueName("passive");
+  auto store = MemoryStore::named(name);
+  store->set("sfsync/1", glooAddressBlob("127.0.0.2", sftest::freePort()));
+  const sf_options o = gloo2(0, "memory://" + name, 1000);
+  const Outcome out = bounded([&] { GlooBackend(o).connect(); }, 30);
+  expectBounded(out, 1.0, {SF_ERR_TIMEOUT});
+  BOOST_TEST(out.message.find("rank 1") != std::string::npos, out.message);
+  BOOST_TEST(out.message.find("127.0.0.2") != std::string::npos, out.message);
+}
+
+BOOST_AUTO_TEST_CASE(dead_peer_address_active_side_gloo_thread) {
+  // This rank on 127.0.0.2 connects to rank 1 on 127.0.0.1: nothing listens
+  // there, the connection is refused at once.
+  ScopedEnv host("SF_GLOO_HOSTNAME", "127.0.0.2");
+  const std::string name = sftest::uniqueName("active");
+  auto store = MemoryStore::named(name);  // held: the registry keeps stores only while used
+  store->set("sfsync/1", glooAddressBlob("127.0.0.1", sftest::freePort()));
+  const sf_options o = gloo2(0, "memory://" + name, 1000);
+  const Outcome out = bounded([&] { GlooBackend(o).connect(); }, 30);
+  expectBounded(out, 1.0, {SF_ERR_BACKEND, SF_ERR_TIMEOUT});
+  BOOST_TEST(out.message.find("rank 1") != std::string::npos, out.message);
+}
+
+BOOST_AUTO_TEST_CASE(stopped_peer_during_connect_active_side_gloo_thread) {
+  // Rank 1 is wedged: its listening socket's queue is full and nobody
+  // accepts, so this rank's connect gets no answer. 0.1: 5 x timeout.
+  ScopedEnv host("SF_GLOO_HOSTNAME", "127.0.0.2");
+  SilentListener wedged("127.0.0.1", 0);
+  std::vector<int> fillers;
+  for (int i = 0; i < 4; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(wedged.port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    fillers.push_back(fd);
+  }
+  const std::string name = sftest::uniqueName("wedged");
+  auto store = MemoryStore::named(name);
+  store->set("sfsync/1", glooAddressBlob("127.0.0.1", wedged.port));
+  const sf_options o = gloo2(0, "memory://" + name, 1000);
+  const Outcome out = bounded([&] { GlooBackend(o).connect(); }, 30);
+  for (int fd : fillers) ::close(fd);
+  expectBounded(out, 1.0, {SF_ERR_TIMEOUT, SF_ERR_BACKEND});
+  BOOST_TEST(out.message.find("rank 1") != std::string::npos, out.message);
+}
+
+BOOST_AUTO_TEST_CASE(late_rank_joins_and_missing_rank_times_out_gloo_threads) {
+  const std::string name = sftest::uniqueName("late");
+  // Rank 1 arrives 1 s late, well within the timeout: both connect.
+  auto late = sftest::runThreadRanks<Outcome>(2, [&](int r) {
+    if (r == 1) std::this_thread::sleep_for(milliseconds(1000));
+    const sf_options o = gloo2(r, "memory://" + name, 5000);
+    return bounded([&] { GlooBackend(o).connect(); }, 30);
+  });
+  for (const auto& o : late) BOOST_TEST(o.status == SF_OK, o.message);
+  // Rank 1 never arrives: rank 0 times out naming the key it waited for.
+  const sf_options o = gloo2(0, "memory://" + sftest::uniqueName("missing"), 800);
+  const Outcome out = bounded([&] { GlooBackend(o).connect(); }, 30);
+  expectBounded(out, 0.8, {SF_ERR_TIMEOUT});
+  BOOST_TEST(out.message.find("sfsync/1") != std::string::npos, out.message);
+}
+
+BOOST_AUTO_TEST_CASE(memory_name_reused_while_first_job_lives_fails_fast) {
+  // 0.1: the second job read the first job's addresses and failed after
+  // 5 x timeout (20 s for 4 s).
+  const std::string url = "memory://" + sftest::uniqueName("reuse");
+  std::vector<std::unique_ptr<GlooBackend>> first(2);
+  auto firstJob = sftest::runThreadRanks<Outcome>(2, [&](int r) {
+    first[size_t(r)] = std::make_unique<GlooBackend>(gloo2(r, url, 5000));
+    return bounded([&] { first[size_t(r)]->connect(); }, 30);
+  });
+  for (const auto& o : firstJob) BOOST_TEST_REQUIRE(o.status == SF_OK, o.message);
+  auto second = sftest::runThreadRanks<Outcome>(2, [&](int r) {
+    const sf_options o = gloo2(r, url, 1500);
+    return bounded([&] { GlooBackend(o).connect(); }, 30);
+  });
+  for (const auto& o : second) {
+    expectBounded(o, 1.5, {SF_ERR_MISMATCH, SF_ERR_TIMEOUT});
+    BOOST_TEST(o.message.find(url) != std::string::npos, o.message);
+  }
+}
+
+// ---- A store that survives strangers ------------------------------------------
+
+BOOST_AUTO_TEST_CASE(no_fd_or_thread_kept_per_closed_or_garbage_connection) {
+  const int port = sftest::freePort();
+  TcpStore server("127.0.0.1", port, true, milliseconds(5000));
+  const int fds0 = openFds(), threads0 = threadCount();
+  for (int i = 0; i < 40; ++i) {
+    int fd = connectTo(port);
+    BOOST_TEST_REQUIRE(fd >= 0);
+    if (i % 2) {
+      const char garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n\xff\xff\xff\xff";
+      (void)!::send(fd, garbage, sizeof garbage, MSG_NOSIGNAL);
+    }
+    ::close(fd);
+  }
+  BOOST_TEST(eventually([&] { return openFds() <= fds0; }, 5),
+             "fds before " << fds0 << ", after " << openFds());
+  // Idle strangers that stay connected: no thread each.
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) idle.push_back(connectTo(port));
+  std::this_thread::sleep_for(milliseconds(300));
+  BOOST_TEST(threadCount() <= threads0 + 2, "threads before " << threads0 << ", with 40 idle clients "
+                                                              << threadCount());
+  for (int fd : idle) ::close(fd);
+  // The store still serves the job.
+  TcpStore client("127.0.0.1", port, false, milliseconds(3000));
+  client.set("k", bytes("v"));
+  BOOST_TEST(std::string(server.get("k").data(), 1) == "v");
+}
+
+BOOST_AUTO_TEST_CASE(oversize_values_are_rejected_without_growing_memory) {
+  const int port = sftest::freePort();
+  TcpStore server("127.0.0.1", port, true, milliseconds(5000));
+  TcpStore client("127.0.0.1", port, false, milliseconds(5000));
+  const long rss0 = rssKiB();
+  std::vector<char> big(16u << 20, 'x');
+  for (int i = 0; i < 8; ++i) {
+    const Outcome o = bounded([&] { client.set("big" + std::to_string(i), big); }, 30);
+    BOOST_TEST(o.finished);
+    BOOST_TEST(o.status == SF_ERR_INVALID_ARGUMENT, o.message);
+  }
+  big.clear();
+  big.shrink_to_fit();
+  const long grown = rssKiB() - rss0;
+  BOOST_TEST(grown < 24 * 1024, "RSS grew by " << grown << " KiB");
+  client.set("small", bytes("ok"));
+  BOOST_TEST(server.get("small").size() == 2u);
+}
+
+// The child's half of store_survives_fd_exhaustion: runs only when the
+// test below starts this binary again with SF_TEST_EMFILE_CHILD=1 (a fresh
+// process: setrlimit is per process, and fork without exec is unsafe under
+// the sanitizers).
+BOOST_AUTO_TEST_CASE(fd_exhaustion_child) {
+  if (!std::getenv("SF_TEST_EMFILE_CHILD")) return;
+  const int port = std::atoi(std::getenv("SF_TEST_EMFILE_CHILD"));
+  int rc = 1;
+  try {
+    TcpStore server("127.0.0.1", port, true, milliseconds(3000));
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = rlim_t(openFds() + 12);
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+    std::vector<int> strangers;
+    for (int i = 0; i < 40; ++i) {
+      int fd = connectTo(port);
+      if (fd >= 0) strangers.push_back(fd);
+    }
+    std::this_thread::sleep_for(milliseconds(300));
+    for (int fd : strangers) ::close(fd);
+    std::this_thread::sleep_for(milliseconds(300));
+    TcpStore client("127.0.0.1", port, false, milliseconds(3000));
+    client.set("k", bytes("v"));
+    rc = client.get("k").size() == 1 ? 0 : 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child: %s\n", e.what());
+    rc = 3;
+  }
+  std::fflush(stderr);
+  ::_exit(rc);
+}
+
+BOOST_AUTO_TEST_CASE(store_survives_fd_exhaustion_process) {
+  // In a child: the server runs out of fds on accept, the strangers go
+  // away, and the job's client is still served. 0.1's accept thread died on
+  // EMFILE and the client then hung.
+  if (std::getenv("SF_TEST_EMFILE_CHILD")) return;
+  const std::string self = boost::unit_test::framework::master_test_suite().argv[0];
+  const sftest::ProcessResult r = sftest::runProcess(
+      {self, "--run_test=store_hardening_tests/fd_exhaustion_child", "--log_level=nothing"},
+      {{"SF_TEST_EMFILE_CHILD", std::to_string(sftest::freePort())}, {"SF_DEBUG", "WARN"}}, 20);
+  BOOST_TEST(!r.timedOut, "the child hung: the store stopped serving after EMFILE");
+  BOOST_TEST(r.exitCode == 0, r.output);
+  BOOST_TEST(r.output.find("no file descriptor left") != std::string::npos, r.output);
+}
+
+// ---- Only the job gets in -------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(client_without_the_token_is_refused) {
+  const int port = sftest::freePort();
+  std::unique_ptr<TcpStore> server;
+  {
+    ScopedEnv token("SF_AUTH_TOKEN", "job-secret-1");
+    server = std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000));
+    server->set("sfsync/0", bytes("rank 0's address"));
+  }
+  const Outcome o = bounded(
+      [&] {
+        TcpStore stranger("127.0.0.1", port, false, milliseconds(1000));
+        stranger.get("sfsync/0");
+      },
+      10);
+  BOOST_TEST(o.finished);
+  BOOST_TEST(o.status == SF_ERR_BACKEND, o.message);
+  BOOST_TEST(o.message.find("SF_AUTH_TOKEN") != std::string::npos, o.message);
+}
+
+BOOST_AUTO_TEST_CASE(client_with_a_wrong_token_is_refused) {
+  const int port = sftest::freePort();
+  std::unique_ptr<TcpStore> server;
+  {
+    ScopedEnv token("SF_AUTH_TOKEN", "job-secret-2");
+    server = std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000));
+    server->set("sfsync/0", bytes("rank 0's address"));
+  }
+  ScopedEnv wrong("SF_AUTH_TOKEN", "guessed");
+  const Outcome o = bounded(
+      [&] {
+        TcpStore stranger("127.0.0.1", port, false, milliseconds(1000));
+        stranger.get("sfsync/0");
+      },
+      10);
+  BOOST_TEST(o.finished);
+  BOOST_TEST(o.status == SF_ERR_BACKEND, o.message);
+  BOOST_TEST(o.message.find("authentication") != std::string::npos, o.message);
+}
+
+BOOST_AUTO_TEST_CASE(rank_key_cannot_be_overwritten) {
+  const int port = sftest::freePort();
+  TcpStore server("127.0.0.1", port, true, milliseconds(3000));
+  TcpStore rank1("127.0.0.1", port, false, milliseconds(3000));
+  TcpStore stranger("127.0.0.1", port, false, milliseconds(3000));
+  rank1.set("sfsync/1", bytes("10.0.0.1:1234"));
+  const Outcome o = bounded([&] { stranger.set("sfsync/1", bytes("6.6.6.6:666")); }, 10);
+  BOOST_TEST(o.status == SF_ERR_MISMATCH, o.message);
+  BOOST_TEST(o.message.find("sfsync/1") != std::string::npos, o.message);
+  const auto v = server.get("sfsync/1");
+  BOOST_TEST(std::string(v.begin(), v.end()) == "10.0.0.1:1234");
+}
+
+BOOST_AUTO_TEST_CASE(open_store_warns_once_and_each_rejected_client_is_logged) {
+  const std::string logPath = "/tmp/" + sftest::uniqueName("store-log");
+  {
+    ScopedEnv level("SF_DEBUG", "WARN"), file("SF_DEBUG_FILE", logPath);
+    logReconfigure();
+    const int port = sftest::freePort();
+    {
+      // No token, a non-loopback address: one warning that the store is open.
+      TcpStore server("0.0.0.0", port, true, milliseconds(3000));
+      for (int i = 0; i < 3; ++i) {
+        int fd = connectTo(port);
+        const char garbage[] = "\x05\x00\x00\x00Zjunk";
+        (void)!::send(fd, garbage, sizeof garbage - 1, MSG_NOSIGNAL);
+        char b[256];
+        while (::recv(fd, b, sizeof b, 0) > 0) {
+        }
+        ::close(fd);
+      }
+    }
+    {
+      ScopedEnv token("SF_AUTH_TOKEN", "secret");
+      TcpStore server("0.0.0.0", sftest::freePort(), true, milliseconds(3000));  // no warning
+    }
+  }
+  logReconfigure();
+  std::ifstream f(logPath);
+  std::string line;
+  int open = 0, rejected = 0;
+  while (std::getline(f, line)) {
+    open += line.find("WARN store") != std::string::npos && line.find("is open") != std::string::npos;
+    rejected += line.find("WARN store") != std::string::npos && line.find("rejected client 127.0.0.1:") != std::string::npos;
+  }
+  ::unlink(logPath.c_str());
+  BOOST_TEST(open == 1);
+  BOOST_TEST(rejected == 3);
+}
+
+BOOST_AUTO_TEST_CASE(stranger_speaking_the_protocol_without_token_reads_nothing) {
+  // A raw client that skips authentication and asks for a key is answered
+  // with an error and disconnected; it never sees a value.
+  const int port = sftest::freePort();
+  ScopedEnv token("SF_AUTH_TOKEN", "job-secret-3");
+  TcpStore server("127.0.0.1", port, true, milliseconds(3000));
+  server.set("sfsync/0", bytes("SECRET-ADDRESS"));
+  int fd = connectTo(port);
+  // Body: 'G', a 4-byte length 8, "sfsync/0" (13 bytes).
+  const std::string frame = std::string("\x0d\x00\x00\x00G\x08\x00\x00\x00", 9) + "sfsync/0";
+  (void)!::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+  std::string seen;
+  char b[4096];
+  ssize_t n;
+  timeval tv{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  while ((n = ::recv(fd, b, sizeof b, 0)) > 0) seen.append(b, size_t(n));
+  ::close(fd);
+  BOOST_TEST(n == 0, "the store did not close the connection");
+  BOOST_TEST(seen.find("SECRET-ADDRESS") == std::string::npos);
+  BOOST_TEST(seen.find("authenticate first") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
