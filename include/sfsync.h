@@ -14,6 +14,10 @@
  *  - A context may be used from several threads, but the window calls
  *    (begin/end/synchronize) and registration must not race with each other;
  *    sf_grad_ready may be called from any thread (e.g. autograd hooks).
+ *    The first use of a context whose buckets are not built yet may come
+ *    from many threads at once (sf_grad_ready, sf_gradient_data,
+ *    sf_build_buckets, sf_zero_gradients, sf_synchronize, sf_bucket_info,
+ *    sf_get_stats): the buckets are built once (since 0.2).
  *  - Sizes and counts are 64-bit; byte sizes are in bytes, caps in MiB
  *    (1 MiB = 1048576 bytes, the unit of PyTorch DDP's bucket_cap_mb).
  */
@@ -114,7 +118,10 @@ typedef struct sf_options {
   double prescale;          /* factor for SF_REDUCE_PRESCALED_SUM; env SF_PRESCALE (default 1) */
   double bucket_cap_mb;     /* bucket cap in MiB; env SF_BUCKET_CAP_MB (default 25) */
   double first_bucket_cap_mb; /* cap of the first bucket; env SF_FIRST_BUCKET_CAP_MB (default 1) */
-  int64_t timeout_ms;       /* every collective and rendezvous; env SF_TIMEOUT_MS (default 300000) */
+  int64_t timeout_ms;       /* every collective and rendezvous; env SF_TIMEOUT_MS (default 300000).
+                               Values above 2^40 ms (about 34.8 years; INT64_MAX is a common
+                               "forever") are clamped to 2^40 ms by sf_options_init and
+                               sf_create (since 0.2; sf_get_options shows the clamped value). */
   /** Where ranks meet; env SF_RENDEZVOUS, else "env://" when MASTER_ADDR is
    *  set, else "" (only valid for world_size 1). Forms:
    *    "env://"            a TCP store served by rank 0 on MASTER_ADDR:MASTER_PORT
@@ -152,7 +159,8 @@ SF_API sf_status sf_create(const sf_options* opts, sf_context** out);
 
 /** Destroy a context (NULL accepted and ignored). Waits for collectives in
  *  flight (bounded by the timeout). Never fails; the default context must not
- *  be passed here. */
+ *  be passed here (it is ignored). Since 0.2 it never creates the default
+ *  context and leaves sf_last_error() unchanged. */
 SF_API void sf_destroy(sf_context* ctx);
 
 /**
@@ -163,8 +171,11 @@ SF_API void sf_destroy(sf_context* ctx);
  */
 SF_API sf_status sf_default_context(sf_context** out);
 
-/** Copy the context's effective options into `out` (out->struct_size must be
- *  set by the caller; that many bytes at most are written). */
+/** Copy the context's effective options into `out`. out->struct_size must be
+ *  set by the caller to at least the version-1 size (320 bytes); exactly
+ *  min(out->struct_size, this library's sizeof(sf_options)) bytes are written
+ *  and out->struct_size is left as the caller set it, so a caller built
+ *  against an older or newer header keeps working. */
 SF_API sf_status sf_get_options(const sf_context* ctx, sf_options* out);
 
 /* ---- Bucket configuration ---------------------------------------------- */
@@ -184,7 +195,9 @@ SF_API sf_status sf_set_first_bucket_cap_mb(sf_context* ctx, double mb);
  * buffer alive and in place for the life of the context.
  * @param name optional (may be NULL), copied; used in error messages.
  * @param out_id receives the gradient's id (0, 1, ... in registration order).
- * SF_ERR_INVALID_STATE once the buckets are built.
+ * SF_ERR_INVALID_STATE once the buckets are built. SF_ERR_INVALID_ARGUMENT
+ * (naming the gradient) when one gradient exceeds 2^58 bytes or all
+ * registered gradients together would exceed 2^62 bytes (since 0.2).
  */
 SF_API sf_status sf_register_gradient(sf_context* ctx, void* data, int64_t numel, sf_dtype dtype,
                                       sf_device device, const char* name, int64_t* out_id);
@@ -194,7 +207,9 @@ SF_API sf_status sf_register_gradient(sf_context* ctx, void* data, int64_t numel
  * buffer laid out bucket by bucket, so that synchronization copies nothing
  * (like DDP's gradient_as_bucket_view). Get its address with
  * sf_gradient_data once all gradients are declared. The flat buffer starts
- * zeroed. SF_ERR_INVALID_STATE once the buckets are built.
+ * zeroed. SF_ERR_INVALID_STATE once the buckets are built; the size limits
+ * of sf_register_gradient apply. A flat buffer that cannot be allocated is
+ * SF_ERR_OUT_OF_MEMORY from the call that builds the buckets.
  */
 SF_API sf_status sf_add_gradient(sf_context* ctx, int64_t numel, sf_dtype dtype, sf_device device,
                                  const char* name, int64_t* out_id);
@@ -252,6 +267,27 @@ SF_API sf_status sf_grad_ready(sf_context* ctx, int64_t id);
  * ranks registered the same layout (SF_ERR_MISMATCH on every rank, naming
  * the first differing gradient). A backend failure leaves the context
  * failed: every later synchronization returns the same error.
+ *
+ * Ranks out of step (since 0.2): every synchronization also checks, inside
+ * one host bucket's collective (two extra elements, no extra collective),
+ * that all ranks complete the same window; if not (a rank skipped or added
+ * an sf_synchronize) it fails with SF_ERR_MISMATCH on every rank, naming the
+ * window numbers, and the context is failed. A window is numbered when it is
+ * synchronized: each sf_begin_accumulation since the previous
+ * synchronization opens one (for a host that reports sf_grad_ready, begins
+ * with no pass between them are one window, so bracketing micro-batches one
+ * by one is fine); a synchronization with no begin is a window of one
+ * micro-batch, except in a host that reports sf_grad_ready and reported none
+ * since the previous synchronization: that is an extra synchronization.
+ * Windows of different lengths on different ranks stay legal. Limits: a
+ * host that never reports sf_grad_ready cannot be told apart when it adds a
+ * synchronization with no begin (it is a legal window of one micro-batch);
+ * numbers are compared modulo p (float64 buckets: p >= 2^20 up to 2^12
+ * ranks; float32: p = floor(sqrt(2^24 / world_size)) + 1, e.g. 2897 for 2
+ * ranks; float16 / bfloat16-only layouts: 2^11 / 2^8 instead of 2^24, e.g. 9
+ * for bfloat16 on 4 ranks), so ranks a multiple of p windows apart pass; no
+ * check with CUDA-only layouts (NCCL) or bfloat16-only layouts above 256
+ * ranks.
  */
 SF_API sf_status sf_synchronize(sf_context* ctx);
 
@@ -277,7 +313,10 @@ typedef struct sf_stats {
   int64_t sync_ns_total;       /* time spent inside sf_synchronize */
 } sf_stats;
 
-/** Copy the counters; out->struct_size must be set (>= the version-1 size). */
+/** Copy the counters. out->struct_size must be set to at least the version-1
+ *  size (112 bytes); exactly min(out->struct_size, this library's
+ *  sizeof(sf_stats)) bytes are written and out->struct_size is left as the
+ *  caller set it. */
 SF_API sf_status sf_get_stats(const sf_context* ctx, sf_stats* out);
 
 /**

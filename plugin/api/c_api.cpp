@@ -1,5 +1,6 @@
 // The extern "C" functions of include/sfsync.h, each one line into C++.
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -21,20 +22,28 @@ void setLastError(const char* function, const char* message) noexcept {
   }
 }
 
-// Copies `src` into the caller's struct of its own struct_size (at least
-// `v1Size`): the only way a sized struct crosses the boundary outwards.
+// Copies `src` into the caller's struct of its own struct_size: at least the
+// version-1 size `v1Size`, which stays valid forever; min(caller's size,
+// library's size) bytes are written, so that a caller built against an
+// older header (fewer fields) or a newer one (more) both work. The caller's
+// struct_size is left as it set it.
 template <typename T>
-void copyOut(T* dst, const T& src, const char* what) {
+void copyOut(T* dst, const T& src, uint64_t v1Size, const char* what) {
   T& out = checked(dst, "out");
   const uint64_t callerSize = out.struct_size;
-  if (callerSize < sizeof(T)) {
+  if (callerSize < v1Size) {
     fail(SF_ERR_INVALID_ARGUMENT, "out->struct_size = " + std::to_string(callerSize) +
                                       " is smaller than sizeof(" + what + ") = " +
-                                      std::to_string(sizeof(T)) + " of ABI version 1");
+                                      std::to_string(v1Size) + " of ABI version 1");
   }
-  std::memcpy(&out, &src, sizeof(T));
+  const size_t n = callerSize < sizeof(T) ? size_t(callerSize) : sizeof(T);
+  std::memcpy(&out, &src, n);
   out.struct_size = callerSize;
 }
+
+// The default context once created (sf_destroy compares with it without
+// creating it).
+std::atomic<sf_context*> gDefaultContext{nullptr};
 
 }  // namespace sfsync
 
@@ -108,9 +117,11 @@ sf_status sf_create(const sf_options* opts, sf_context** out) {
 }
 
 void sf_destroy(sf_context* ctx) {
-  sf_context* def = nullptr;
-  if (!ctx || (sf_default_context(&def) == SF_OK && ctx == def)) return;
-  delete ctx;
+  // Creates nothing and leaves sf_last_error() alone: the default context
+  // (never destroyed) is recognised without being made.
+  if (!ctx || ctx == sfsync::gDefaultContext.load(std::memory_order_acquire)) return;
+  SF_LOG(kTrace, "api", "sf_destroy");
+  delete ctx;  // ~Context never throws
 }
 
 sf_status sf_default_context(sf_context** out) {
@@ -124,6 +135,7 @@ sf_status sf_default_context(sf_context** out) {
       sf_options o = sfsync::optionsFromCaller(nullptr);
       sfsync::validateOptions(o);
       instance = new sf_context(o);
+      sfsync::gDefaultContext.store(instance, std::memory_order_release);
     }
     result = instance;
   });
@@ -131,7 +143,9 @@ sf_status sf_default_context(sf_context** out) {
 
 sf_status sf_get_options(const sf_context* ctx, sf_options* out) {
   return guard("sf_get_options",
-               [&] { sfsync::copyOut(out, checked(ctx).options(), "sf_options"); });
+               [&] {
+                 sfsync::copyOut(out, checked(ctx).options(), sfsync::kOptionsV1Size, "sf_options");
+               });
 }
 
 sf_status sf_set_bucket_cap_mb(sf_context* ctx, double mb) {
@@ -198,7 +212,9 @@ sf_status sf_synchronize(sf_context* ctx) {
 }
 
 sf_status sf_get_stats(const sf_context* ctx, sf_stats* out) {
-  return guard("sf_get_stats", [&] { sfsync::copyOut(out, checked(ctx).stats(), "sf_stats"); });
+  return guard("sf_get_stats", [&] {
+    sfsync::copyOut(out, checked(ctx).stats(), sfsync::kStatsV1Size, "sf_stats");
+  });
 }
 
 sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,

@@ -9,30 +9,37 @@
 
 #include "plugin/core/context.h"
 #include "plugin/core/error.h"
+#include "plugin/core/log.h"
 #include "sfsync.h"
 
 namespace sfsync {
 
 void setLastError(const char* function, const char* message) noexcept;
 
+// Logs the call at TRACE (one relaxed load when TRACE is off) and each
+// failure at INFO.
 template <typename F>
 sf_status guard(const char* function, F&& body) noexcept {
+  if (logEnabled(LogLevel::kTrace)) logWrite(LogLevel::kTrace, "api", function);
+  sf_status status;
   try {
     body();
     return SF_OK;
   } catch (const Error& e) {
     setLastError(function, e.what());
-    return e.status();
+    status = e.status();
   } catch (const std::bad_alloc&) {
     setLastError(function, "out of memory");
-    return SF_ERR_OUT_OF_MEMORY;
+    status = SF_ERR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     setLastError(function, e.what());
-    return SF_ERR_INTERNAL;
+    status = SF_ERR_INTERNAL;
   } catch (...) {
     setLastError(function, "unknown exception");
-    return SF_ERR_INTERNAL;
+    status = SF_ERR_INTERNAL;
   }
+  SF_LOG(kInfo, "api", "status " << status << ": " << sf_last_error());
+  return status;
 }
 
 // A non-NULL pointer argument, or SF_ERR_INVALID_ARGUMENT naming it.

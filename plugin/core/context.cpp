@@ -8,12 +8,26 @@
 #include "plugin/backend/nccl/nccl_backend.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
+#include "plugin/core/log.h"
 #include "plugin/core/options.h"
 
 namespace sfsync {
 
+namespace {
+sf_options clamped(sf_options o) {
+  o.timeout_ms = clampTimeoutMs(o.timeout_ms);
+  return o;
+}
+}  // namespace
+
 Context::Context(const sf_options& opts)
-    : opts_(opts), reducer_(opts, [this](sf_device d) -> Backend& { return backendFor(d); }) {}
+    : opts_(clamped(opts)),
+      reducer_(opts_, [this](sf_device d) -> Backend& { return backendFor(d); }) {
+  logSetRank(opts_.rank);
+  SF_LOG(kInfo, "context", "rank " << opts_.rank << " of " << opts_.world_size << ", backend "
+                                    << opts_.backend << ", rendezvous '" << opts_.rendezvous
+                                    << "', timeout_ms " << opts_.timeout_ms);
+}
 
 Context::~Context() {
   // Wait for our own collectives, then meet the peers once so that no rank
@@ -129,6 +143,15 @@ void Context::beginAccumulation() {
          "bucket collectives started by sf_grad_ready are still in flight; call sf_synchronize "
          "before starting a new window");
   }
+  // A begin opens a window, except one that follows an end with no
+  // synchronization between in a host that reports gradients (then no pass
+  // ran outside the windows: it brackets its micro-batches one by one, and
+  // consecutive windows are one). A host that reports nothing cannot be told
+  // apart from one that skipped an sf_synchronize: each begin counts.
+  if (begunSinceSync_.load(std::memory_order_relaxed) == 0 ||
+      !hostReportsReady_.load(std::memory_order_relaxed)) {
+    begunSinceSync_.fetch_add(1, std::memory_order_relaxed);
+  }
   readyInWindow_.store(0, std::memory_order_relaxed);
   windowsBegun_.fetch_add(1, std::memory_order_release);
   inWindow_.store(true, std::memory_order_release);
@@ -140,19 +163,41 @@ void Context::endAccumulation() {
                                "sf_begin_accumulation)");
   }
   const int64_t n = gradientCount_.load(std::memory_order_relaxed);
-  if (n > 0) deferredPasses_ += readyInWindow_.load(std::memory_order_relaxed) / n;
+  if (n > 0) {
+    deferredPasses_.fetch_add(readyInWindow_.load(std::memory_order_relaxed) / n,
+                              std::memory_order_relaxed);
+  }
   inWindow_.store(false, std::memory_order_release);
+}
+
+int64_t Context::currentWindow() const {
+  // The window a synchronization now would complete: windows begun since the
+  // last one; else an implicit window of one micro-batch (no begin), unless
+  // the host reports gradients and reported none since: then this is an
+  // extra synchronization and claims the previous window's number again.
+  const int64_t last = windowNumber_.load(std::memory_order_relaxed);
+  const int64_t begun = begunSinceSync_.load(std::memory_order_relaxed);
+  if (begun > 0) return last + begun;
+  if (hostReportsReady_.load(std::memory_order_relaxed) &&
+      readyOutsideSinceSync_.load(std::memory_order_relaxed) == 0) {
+    return last;
+  }
+  return last + 1;
 }
 
 void Context::gradReady(int64_t id) {
   checkId(id);
+  if (!hostReportsReady_.load(std::memory_order_relaxed)) {
+    hostReportsReady_.store(true, std::memory_order_relaxed);
+  }
   if (inWindow_.load(std::memory_order_acquire)) {
     // Inside a window nothing is communicated: count and return.
     readyInWindow_.fetch_add(1, std::memory_order_relaxed);
     deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  reducer_.markReady(id);
+  readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
+  reducer_.markReady(id, currentWindow());
 }
 
 void Context::synchronize() {
@@ -162,19 +207,35 @@ void Context::synchronize() {
          "gradients; call sf_end_accumulation first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  reducer_.synchronize();
-  syncNs_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                 std::chrono::steady_clock::now() - t0)
-                 .count();
-  ++windowsCompleted_;
+  const ReducerCounters before = reducer_.counters();
+  const int64_t window = currentWindow();
+  reducer_.synchronize(window);
+  windowNumber_.store(window, std::memory_order_relaxed);
+  begunSinceSync_.store(0, std::memory_order_relaxed);
+  readyOutsideSinceSync_.store(0, std::memory_order_relaxed);
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - t0)
+                         .count();
+  syncNs_.fetch_add(ns, std::memory_order_relaxed);
+  windowsCompleted_.fetch_add(1, std::memory_order_relaxed);
+  if (logEnabled(LogLevel::kInfo)) {
+    const ReducerCounters after = reducer_.counters();
+    SF_LOG(kInfo, "window", "window " << window << " synchronized: "
+                                      << after.collectives - before.collectives
+                                      << " bucket collectives ("
+                                      << after.earlyLaunches - before.earlyLaunches
+                                      << " started by sf_grad_ready), "
+                                      << after.bytesReduced - before.bytesReduced << " bytes, "
+                                      << ns / 1000 << " us");
+  }
 }
 
 sf_stats Context::stats() const {
   sf_stats s{};
   s.struct_size = sizeof s;
   s.windows_begun = windowsBegun_.load(std::memory_order_relaxed);
-  s.windows_completed = windowsCompleted_;
-  s.deferred_passes = deferredPasses_;
+  s.windows_completed = windowsCompleted_.load(std::memory_order_relaxed);
+  s.deferred_passes = deferredPasses_.load(std::memory_order_relaxed);
   s.deferred_ready_calls = deferredReadyCalls_.load(std::memory_order_relaxed);
   const ReducerCounters c = reducer_.counters();
   s.collectives_issued = c.collectives;
@@ -182,7 +243,7 @@ sf_stats Context::stats() const {
   s.bytes_reduced = c.bytesReduced;
   s.gradient_count = reducer_.gradientCount();
   s.gradient_bytes = reducer_.gradientBytes();
-  s.sync_ns_total = syncNs_;
+  s.sync_ns_total = syncNs_.load(std::memory_order_relaxed);
   if (reducer_.built()) {
     const auto& plan = reducer_.plan();
     s.bucket_count = int64_t(plan.size());

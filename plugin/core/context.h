@@ -64,9 +64,21 @@ class Context {
   std::atomic<int64_t> deferredReadyCalls_{0};
   std::atomic<int64_t> gradientCount_{0};  // readable without the reducer's lock
   std::atomic<int64_t> windowsBegun_{0};
-  int64_t windowsCompleted_ = 0;
-  int64_t deferredPasses_ = 0;
-  int64_t syncNs_ = 0;
+  // Counters read by sf_get_stats from any thread.
+  std::atomic<int64_t> windowsCompleted_{0};
+  std::atomic<int64_t> deferredPasses_{0};
+  std::atomic<int64_t> syncNs_{0};
+
+  // The window number checked across ranks at every synchronization (see
+  // currentWindow): windows counted up to the last synchronization, windows
+  // begun since, grad-ready calls outside a window since, and whether the
+  // host reports gradients at all (then a synchronization with neither a
+  // begin nor a pass since the last one is an extra one, not a window).
+  int64_t currentWindow() const;
+  std::atomic<int64_t> windowNumber_{0};
+  std::atomic<int64_t> begunSinceSync_{0};
+  std::atomic<int64_t> readyOutsideSinceSync_{0};
+  std::atomic<bool> hostReportsReady_{false};
 };
 
 }  // namespace sfsync

@@ -1,6 +1,8 @@
 #include "plugin/core/options.h"
 
 #include <cerrno>
+#include <climits>
+#include <cstddef>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +11,37 @@
 #include "plugin/core/error.h"
 
 namespace sfsync {
+
+// The version-1 layouts, frozen (see kOptionsV1Size): a change here breaks
+// every binary built against 0.1.
+static_assert(kOptionsV1Size == 320 && sizeof(sf_options) >= kOptionsV1Size, "sf_options v1");
+static_assert(offsetof(sf_options, struct_size) == 0, "sf_options v1");
+static_assert(offsetof(sf_options, rank) == 8, "sf_options v1");
+static_assert(offsetof(sf_options, world_size) == 12, "sf_options v1");
+static_assert(offsetof(sf_options, local_rank) == 16, "sf_options v1");
+static_assert(offsetof(sf_options, backend) == 20, "sf_options v1");
+static_assert(offsetof(sf_options, reduce_op) == 24, "sf_options v1");
+static_assert(offsetof(sf_options, reserved0) == 28, "sf_options v1");
+static_assert(offsetof(sf_options, prescale) == 32, "sf_options v1");
+static_assert(offsetof(sf_options, bucket_cap_mb) == 40, "sf_options v1");
+static_assert(offsetof(sf_options, first_bucket_cap_mb) == 48, "sf_options v1");
+static_assert(offsetof(sf_options, timeout_ms) == 56, "sf_options v1");
+static_assert(offsetof(sf_options, rendezvous) == 64 && SF_RENDEZVOUS_MAX == 256, "sf_options v1");
+static_assert(kStatsV1Size == 112 && sizeof(sf_stats) >= kStatsV1Size, "sf_stats v1");
+static_assert(offsetof(sf_stats, struct_size) == 0, "sf_stats v1");
+static_assert(offsetof(sf_stats, windows_begun) == 8, "sf_stats v1");
+static_assert(offsetof(sf_stats, windows_completed) == 16, "sf_stats v1");
+static_assert(offsetof(sf_stats, deferred_passes) == 24, "sf_stats v1");
+static_assert(offsetof(sf_stats, deferred_ready_calls) == 32, "sf_stats v1");
+static_assert(offsetof(sf_stats, collectives_issued) == 40, "sf_stats v1");
+static_assert(offsetof(sf_stats, early_launches) == 48, "sf_stats v1");
+static_assert(offsetof(sf_stats, bytes_reduced) == 56, "sf_stats v1");
+static_assert(offsetof(sf_stats, bucket_count) == 64, "sf_stats v1");
+static_assert(offsetof(sf_stats, largest_bucket_bytes) == 72, "sf_stats v1");
+static_assert(offsetof(sf_stats, smallest_bucket_bytes) == 80, "sf_stats v1");
+static_assert(offsetof(sf_stats, gradient_count) == 88, "sf_stats v1");
+static_assert(offsetof(sf_stats, gradient_bytes) == 96, "sf_stats v1");
+static_assert(offsetof(sf_stats, sync_ns_total) == 104, "sf_stats v1");
 
 namespace {
 
@@ -54,14 +87,26 @@ struct EnvReader {
     }
     out = int32_t(x);
   }
-  void readInt64(const char* name, int64_t& out) {
+  // A positive number of milliseconds: an integer, or a number such as 1e13;
+  // values past kMaxTimeoutMs (INT64_MAX and larger included) are clamped.
+  void readTimeoutMs(const char* name, int64_t& out) {
     const char* v = get(name);
     if (!v) return;
     char* end = nullptr;
     errno = 0;
-    long long x = std::strtoll(v, &end, 10);
-    if (errno || *end || x <= 0) return bad(name, v, "a positive integer");
-    out = x;
+    const long long x = std::strtoll(v, &end, 10);
+    if (*end == 0 && errno == ERANGE && x == LLONG_MAX) {
+      out = kMaxTimeoutMs;
+      return;
+    }
+    if (*end == 0 && errno == 0) {
+      if (x <= 0) return bad(name, v, "a positive integer");
+      out = clampTimeoutMs(x);
+      return;
+    }
+    const double d = std::strtod(v, &end);  // 1e13, 2.5e6
+    if (*end || !std::isfinite(d) || d < 1) return bad(name, v, "a positive integer");
+    out = d >= double(kMaxTimeoutMs) ? kMaxTimeoutMs : int64_t(std::llround(d));
   }
   void readDouble(const char* name, double& out, bool positive) {
     const char* v = get(name);
@@ -114,7 +159,7 @@ void optionsFromEnvironment(sf_options& o) {
   env.readDouble("SF_PRESCALE", o.prescale, false);
   env.readDouble("SF_BUCKET_CAP_MB", o.bucket_cap_mb, true);
   env.readDouble("SF_FIRST_BUCKET_CAP_MB", o.first_bucket_cap_mb, true);
-  env.readInt64("SF_TIMEOUT_MS", o.timeout_ms);
+  env.readTimeoutMs("SF_TIMEOUT_MS", o.timeout_ms);
   const char* rdv = env.get("SF_RENDEZVOUS");
   if (!rdv && env.get("MASTER_ADDR")) rdv = "env://";
   if (rdv) {
@@ -142,6 +187,7 @@ sf_options optionsFromCaller(const sf_options* caller) {
   setDefaults(o);
   std::memcpy(&o, caller, sizeof o < caller->struct_size ? sizeof o : caller->struct_size);
   o.struct_size = sizeof o;
+  o.timeout_ms = clampTimeoutMs(o.timeout_ms);  // "forever" (INT64_MAX) included
   return o;
 }
 

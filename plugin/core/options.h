@@ -5,13 +5,17 @@
 #include <cstdint>
 #include <string>
 
+#include "plugin/core/deadline.h"
 #include "sfsync.h"
 
 namespace sfsync {
 
-// Size of the first published sf_options; smaller struct_size values are rejected.
-constexpr uint64_t kOptionsV1Size = sizeof(sf_options);
-constexpr uint64_t kStatsV1Size = sizeof(sf_stats);
+// Sizes of the structs as first published (ABI version 1, sfsync 0.1/0.2).
+// Frozen: fields are only ever appended, so a caller's struct_size is valid
+// from these up; smaller values are rejected. options.cpp checks the v1
+// layout field by field (static_assert + offsetof).
+constexpr uint64_t kOptionsV1Size = 320;
+constexpr uint64_t kStatsV1Size = 112;
 
 constexpr double kDefaultBucketCapMb = 25.0;
 constexpr double kDefaultFirstBucketCapMb = 1.0;

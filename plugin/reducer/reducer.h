@@ -3,8 +3,11 @@
 // the per-bucket readiness. It starts bucket collectives in bucket order
 // (early when grad-ready completes a bucket, the rest at synchronize), waits
 // for them, and verifies once that every rank registered the same layout.
-// It knows nothing of windows: the Context decides when it may communicate.
+// It knows nothing of windows but their number, which the Context passes in
+// and the reducer checks across ranks inside one bucket's collective (no
+// extra collective); the Context decides when it may communicate.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -20,6 +23,11 @@
 
 namespace sfsync {
 
+// The largest total size of a context's gradients (4 EiB): every size sum
+// of the layout (flat buffers with their alignment, buckets, staging) then
+// fits in int64_t and size_t with room to spare.
+constexpr int64_t kMaxTotalBytes = int64_t(1) << 62;
+
 struct ReducerCounters {
   int64_t collectives = 0;
   int64_t earlyLaunches = 0;
@@ -34,22 +42,29 @@ class Reducer {
   Reducer(const sf_options& opts, BackendFor backendFor);
   ~Reducer();
 
+  // Registration; SF_ERR_INVALID_ARGUMENT when the total size of the
+  // registered gradients would pass kMaxTotalBytes (names the gradient).
   int64_t addGradient(void* hostData, int64_t numel, sf_dtype dtype, sf_device device,
                       const char* name);
   void setCaps(double capMb, double firstCapMb);
-  bool built() const { return built_; }
+  // Once true, plan() and the gradients' addresses never change.
+  bool built() const { return built_.load(std::memory_order_acquire); }
+  // Every implicitly building call (build, gradientData, zero, markReady,
+  // synchronize) builds under the lock: concurrent first use is safe.
   void build();
   void* gradientData(int64_t id);
   void zero();
 
-  int64_t gradientCount() const { return int64_t(grads_.size()); }
+  int64_t gradientCount() const;
   int64_t gradientBytes() const;
-  const std::vector<PlannedBucket>& plan() const { return plan_; }
+  const std::vector<PlannedBucket>& plan() const { return plan_; }  // after built()
 
   // Outside a window: mark `id` ready, start complete buckets in order.
-  void markReady(int64_t id);
-  // Start every bucket not yet started, wait for all, scatter results.
-  void synchronize();
+  // `window` is the caller's window number (see checkWindow).
+  void markReady(int64_t id, int64_t window);
+  // Start every bucket not yet started, wait for all, scatter results; then
+  // SF_ERR_MISMATCH on every rank if the ranks' window numbers differ.
+  void synchronize(int64_t window);
   bool inFlight() const;
   // Wait for whatever is in flight, swallowing errors; false if the reducer
   // has failed (its peers may be gone). Never throws.
@@ -74,14 +89,21 @@ class Reducer {
     const PlannedBucket* plan;
     char* storage = nullptr;          // flat_ view (zero copy) or staging
     bool staged = false;              // storage is a staging buffer (some gradient is host-owned)
-    int64_t numel = 0;
+    bool control = false;             // carries the two window-check elements after the gradients
+    int64_t numel = 0;                // gradient elements (without the control elements)
     int64_t pending = 0;              // gradients not yet ready this pass
     std::unique_ptr<Work> work;       // set while in flight
   };
 
+  void buildLocked();                  // mutex_ held
   void startReadyBuckets(bool early);  // mutex_ held
   void start(Bucket& b, bool early);   // mutex_ held
   void verifyLayout(Backend& backend);
+  // After every bucket of a pass completed: compares the window numbers the
+  // control elements carried; on a difference learns the exact numbers with
+  // one small collective (failure path only) and fails with SF_ERR_MISMATCH.
+  void checkWindow();
+  ReduceSpec reduceSpec() const;  // from the options, for every bucket
   bool drainLocked() noexcept;  // wait for all work, mutex_ held; false if any failed
   // Records the first failure (every later synchronize repeats it), drains, throws.
   [[noreturn]] void failWith(sf_status status, const std::string& message);
@@ -95,11 +117,20 @@ class Reducer {
   BackendFor backendFor_;
   double capMb_, firstCapMb_;
   std::vector<Gradient> grads_;
+  int64_t totalBytes_ = 0;  // of grads_, at most kMaxTotalBytes
   std::vector<PlannedBucket> plan_;
   std::vector<Bucket> buckets_;
   std::map<sf_device, char*> flat_;  // plugin-owned gradients, bucket by bucket, per device
-  bool built_ = false;
+  std::atomic<bool> built_{false};
   bool verified_ = false;
+
+  // The window check (world size > 1 with a host bucket): index of the
+  // bucket carrying (w mod p, (w mod p)^2), the modulus p, and the window
+  // number of the pass in flight.
+  int64_t controlBucket_ = -1;
+  int64_t controlModulus_ = 0;
+  int64_t window_ = 0;
+  int64_t controlWindow_ = 0;  // the window number the control bucket carried
 
   mutable std::mutex mutex_;
   size_t nextToStart_ = 0;
