@@ -259,21 +259,23 @@ class Rank {
       for (int k = 0; k < n - 1; ++k) {
         if (here && k == (n - 1) / 2 && faultAt(Point::kWindow)) act();
         toy_accumulate_grads(&model_, params.data(), toy_seed(w, k, rank_), grads.data());
-        if (!(here && is(Fault::kMissingSync))) ready(-1, np - 1);
+        ready(-1, np - 1);
       }
       if (n > 1) call("sf_end_accumulation", [&] { return sf_end_accumulation(ctx_); });
       if (here && n == 1 && faultAt(Point::kWindow)) act();
       toy_accumulate_grads(&model_, params.data(), toy_seed(w, n - 1, rank_), grads.data());
-      if (here && is(Fault::kMissingSync)) {
-        // Nothing in flight: skip grad-ready and synchronization of this window.
-        toy_sgd_step(&model_, params.data(), grads.data(), 0.05f);
-        continue;
-      }
       if (here && faultAt(Point::kMidBucket)) {
         ready(np / 2, np - 1);
         act();
       }
       ready(-1, np - 1);
+      if (here && is(Fault::kMissingSync)) {
+        // Everything as usual but the synchronization: with grad-ready
+        // reports the buckets are in flight and the next zero/begin must say
+        // so; without, the next synchronization carries two windows' begins.
+        toy_sgd_step(&model_, params.data(), grads.data(), 0.05f);
+        continue;
+      }
       if (w == 0 && faultAt(Point::kRendezvous)) {
         if (mode_ == Mode::kProcess) {
           const int64_t delay = plan_.delayMs % 50;

@@ -104,7 +104,17 @@ Plan drawPlan(std::mt19937_64& rng, const Config& cfg, bool threads) {
     p.delayMs = uni(0, 1500);
   }
   // Out of step: not in the last window, so that a later synchronization exists to notice.
+  // What the library can tell apart (windows of different lengths stay
+  // legal): an extra synchronization is one with no grad-ready report since
+  // the last, so the host must report; a skipped one either leaves reported
+  // buckets in flight (the next zero/begin fails on that rank) or, without
+  // reports, shows as two windows begun before one synchronization.
   if (p.fault == Fault::kExtraSync || p.fault == Fault::kMissingSync) p.atWindow = uni(0, windows - 2);
+  if (p.fault == Fault::kExtraSync) p.gradReady = true;
+  if (p.fault == Fault::kMissingSync && !p.gradReady) {
+    p.micro[size_t(p.atWindow)] = std::max(2, p.micro[size_t(p.atWindow)]);
+    p.micro[size_t(p.atWindow) + 1] = std::max(2, p.micro[size_t(p.atWindow) + 1]);
+  }
   return p;
 }
 
@@ -260,7 +270,11 @@ struct Judge {
                                " ms: " + o.error.substr(0, 300);
     if (mustComplete()) return flag(kWrong, failed);
     std::set<int> allowed;
-    if (mustFail()) {
+    if (plan.fault == Fault::kMissingSync && plan.gradReady) {
+      // The skipper finds its buckets in flight; the others lose it.
+      allowed = o.rank == plan.target ? std::set<int>{SF_ERR_INVALID_STATE}
+                                      : std::set<int>{SF_ERR_MISMATCH, SF_ERR_BACKEND, SF_ERR_TIMEOUT};
+    } else if (mustFail()) {
       allowed = {SF_ERR_MISMATCH};
     } else {
       allowed = {SF_ERR_TIMEOUT, SF_ERR_BACKEND};
