@@ -59,9 +59,9 @@ double fuzzedDouble(FuzzedDataProvider& in) {
 int64_t fuzzedNumel(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange<int>(0, gSmall ? 3 : 7)) {
     case 0: return in.ConsumeIntegralInRange<int64_t>(1, 64);
-    case 1: return in.ConsumeIntegralInRange<int64_t>(1, 1 << 14);
+    case 1: return in.ConsumeIntegralInRange<int64_t>(1, 1 << 12);
     case 2: return in.ConsumeIntegralInRange<int64_t>(-3, 0);
-    case 3: return in.ConsumeIntegralInRange<int64_t>(1, 1 << 18);
+    case 3: return in.ConsumeIntegralInRange<int64_t>(1, 1 << 16);
     case 4: return std::numeric_limits<int64_t>::max();
     case 5: return (int64_t(1) << 62) + in.ConsumeIntegralInRange<int64_t>(-4, 4);
     case 6: return (int64_t(1) << 61) + in.ConsumeIntegralInRange<int64_t>(-4, 4);
@@ -204,7 +204,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 1: {  // register a host buffer
         const sf_dtype dt = in.ConsumeIntegralInRange<int32_t>(-1, 4);
-        const int64_t numel = in.ConsumeIntegralInRange<int64_t>(-2, 1 << 14);
+        const int64_t numel = in.ConsumeIntegralInRange<int64_t>(-2, 1 << 12);
         std::unique_ptr<unsigned char[]> buf;
         if (numel > 0) buf.reset(new unsigned char[size_t(numel) * 8]());
         const bool nullData = in.ConsumeIntegralInRange<int>(0, 7) == 0;

@@ -19,6 +19,7 @@ if ! command -v clang++-14 > /dev/null || ! command -v clang-14 > /dev/null; the
   exit 77
 fi
 targets="fuzz_options fuzz_shim fuzz_abi"
+[ -f "$repo/plugin/rendezvous/store_protocol.h" ] && targets="$targets fuzz_store_protocol"
 
 build() {
   mkdir -p "$dir"
@@ -26,7 +27,9 @@ build() {
   if command -v ccache > /dev/null; then
     launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
   fi
-  if [ ! -f "$dir/CMakeCache.txt" ]; then
+  if [ -f "$dir/CMakeCache.txt" ]; then
+    cmake "$dir" > "$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
+  else
     cmake -S "$repo" -B "$dir" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
       -DSF_SANITIZE=fuzzer -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSF_BUILD_TESTS=OFF \
       -DSF_BUILD_SAMPLES=OFF "${launcher[@]}" > "$dir/configure.log" 2>&1 \
