@@ -23,6 +23,7 @@ const char* pointName(Point p) {
 std::string Plan::kind() const {
   std::string k = faultName(fault);
   if (fault == Fault::kKill || fault == Fault::kStop) k += std::string("@") + pointName(point);
+  if (cuda) k += "/nccl";
   return k;
 }
 
@@ -36,7 +37,7 @@ std::string encode(const Plan& p) {
     << ",ready=" << p.gradReady << ",op=" << p.reduceOp << ",timeout=" << p.timeoutMs
     << ",fault=" << int(p.fault) << ",point=" << int(p.point) << ",target=" << p.target
     << ",at=" << p.atWindow << ",delay=" << p.delayMs << ",call=" << p.callIndex
-    << ",layout=" << int(p.layout);
+    << ",layout=" << int(p.layout) << ",cuda=" << p.cuda;
   return s.str();
 }
 
@@ -87,6 +88,8 @@ Plan decode(const std::string& text) {
   p.delayMs = int64_t(num("delay", 0, 1e9));
   p.callIndex = int(num("call", 0, 1e9));
   p.layout = LayoutDiff(int(num("layout", 0, int(LayoutDiff::kNum) - 1)));
+  p.cuda = kv.count("cuda") && num("cuda", 0, 1) != 0;
+  if (p.cuda) p.flat = true;
   return p;
 }
 

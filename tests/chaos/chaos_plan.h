@@ -48,6 +48,7 @@ struct Plan {
   bool flat = true;       // plugin-owned flat buffer, else host buffers with guard bytes
   bool gradReady = true;  // report grad-ready in every micro-batch
   int reduceOp = 0;       // SF_REDUCE_AVERAGE or SF_REDUCE_SUM
+  bool cuda = false;      // SF_DEVICE_CUDA gradients (NCCL; the stand-in of tests/standin): flat only
   int64_t timeoutMs = 1500;
   Fault fault = Fault::kNone;
   Point point = Point::kWindow;
@@ -57,7 +58,8 @@ struct Plan {
   int callIndex = 0;   // kRandomCall
   LayoutDiff layout = LayoutDiff::kNumel;
 
-  // The fault's kind as a table row: "kill@window", "layout", ...
+  // The fault's kind as a table row: "kill@window", "layout", ... (with
+  // "/nccl" for device gradients).
   std::string kind() const;
 };
 

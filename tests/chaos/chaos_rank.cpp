@@ -1,6 +1,7 @@
 #include "tests/chaos/chaos_rank.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -59,6 +60,20 @@ struct Guarded {
     return true;
   }
 };
+
+// The host's side of the CUDA ordering rules (sfsync.h, "Ordering"):
+// sf_zero_gradients runs on the host's stream, so a host that writes
+// gradients from the CPU (the toy model, on the stand-in's host "device"
+// memory) waits for the device first. Loaded at run time: the rank program
+// links no CUDA.
+void deviceSynchronize() {
+  using Fn = int (*)();
+  static Fn fn = [] {
+    void* lib = ::dlopen("libcudart.so.13", RTLD_NOW | RTLD_GLOBAL);
+    return lib ? reinterpret_cast<Fn>(::dlsym(lib, "cudaDeviceSynchronize")) : nullptr;
+  }();
+  if (fn) fn();
+}
 
 // Thrown to leave the rank body once a call failed (the outcome holds why).
 struct Stop {};
@@ -205,6 +220,7 @@ class Rank {
     if (mode_ == Mode::kThread) {
       o.rank = rank_;
       o.world_size = plan_.world;
+      o.local_rank = rank_;  // one (stand-in) GPU per rank
     }
     if (!rendezvous_.empty()) std::strncpy(o.rendezvous, rendezvous_.c_str(), SF_RENDEZVOUS_MAX - 1);
     o.timeout_ms = plan_.timeoutMs;
@@ -226,7 +242,9 @@ class Rank {
       if (is(Fault::kLayout) && p == 0 && plan_.layout == LayoutDiff::kDtype) dtype = SF_DTYPE_FLOAT64;
       int64_t id = -1;
       if (plan_.flat) {
-        call("sf_add_gradient", [&] { return sf_add_gradient(ctx_, numel, dtype, SF_DEVICE_HOST, nullptr, &id); });
+        // Device memory is host memory under the stand-in: the toy model writes it directly.
+        const sf_device dev = plan_.cuda ? SF_DEVICE_CUDA : SF_DEVICE_HOST;
+        call("sf_add_gradient", [&] { return sf_add_gradient(ctx_, numel, dtype, dev, nullptr, &id); });
       } else {
         guarded_[size_t(p)].alloc(size_t(numel) * (dtype == SF_DTYPE_FLOAT64 ? 8 : 4));
         void* data = guarded_[size_t(p)].data();
@@ -238,7 +256,8 @@ class Rank {
     }
     if (is(Fault::kLayout) && plan_.layout == LayoutDiff::kCount) {
       int64_t id = -1;
-      call("sf_add_gradient(extra)", [&] { return sf_add_gradient(ctx_, 3, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, "extra", &id); });
+      const sf_device dev = plan_.cuda ? SF_DEVICE_CUDA : SF_DEVICE_HOST;
+      call("sf_add_gradient(extra)", [&] { return sf_add_gradient(ctx_, 3, SF_DTYPE_FLOAT32, dev, "extra", &id); });
     }
     for (int p = 0; p < np; ++p) {
       void* data = nullptr;
@@ -255,6 +274,7 @@ class Rank {
       const int n = plan_.micro[size_t(w)];
       const bool here = w == plan_.atWindow;
       call("sf_zero_gradients", [&] { return sf_zero_gradients(ctx_); });
+      if (plan_.cuda) deviceSynchronize();
       if (n > 1) call("sf_begin_accumulation", [&] { return sf_begin_accumulation(ctx_); });
       for (int k = 0; k < n - 1; ++k) {
         if (here && k == (n - 1) / 2 && faultAt(Point::kWindow)) act();

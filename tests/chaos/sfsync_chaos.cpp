@@ -62,6 +62,7 @@ struct Config {
   int redisPort = -1;
   bool verbose = false;
   bool stacks = false;  // gdb the hung processes
+  std::string standin;  // directory of the NCCL/CUDA stand-ins: device sessions drawn too
 };
 
 double msSince(Clock::time_point t) {
@@ -100,6 +101,10 @@ Plan drawPlan(std::mt19937_64& rng, const Config& cfg, bool threads) {
   p.callIndex = uni(0, 40);
   p.layout = sfchaos::LayoutDiff(uni(0, int(sfchaos::LayoutDiff::kNum) - 1));
   if ((p.fault == Fault::kKill || p.fault == Fault::kStop) && p.point == Point::kMidBucket) p.gradReady = true;
+  if (!cfg.standin.empty() && uni(0, 3) == 0) {
+    p.cuda = true;
+    p.flat = true;
+  }
   if ((p.fault == Fault::kKill || p.fault == Fault::kStop) && p.point == Point::kTimer) {
     p.delayMs = uni(0, 1500);
   }
@@ -254,7 +259,8 @@ struct Judge {
     if (o.fdAfter > o.fdBefore) {
       flag(kLeak, who + "descriptors " + std::to_string(o.fdBefore) + " -> " + std::to_string(o.fdAfter));
     }
-    if (o.tasksAfter > o.tasksBefore) {
+    // The CUDA runtime (here its stand-in) keeps its threads until exit.
+    if (o.tasksAfter > o.tasksBefore && !plan.cuda) {
       flag(kLeak, who + "threads " + std::to_string(o.tasksBefore) + " -> " + std::to_string(o.tasksAfter));
     }
     if (o.completed) {
@@ -303,6 +309,11 @@ SessionResult runSession(const Plan& plan, bool threads, const std::string& rdvK
   std::vector<Child> kids;
   std::map<std::string, std::string> env;
   int port = -1;
+  if (plan.cuda) {
+    const char* old = std::getenv("LD_LIBRARY_PATH");
+    env["LD_LIBRARY_PATH"] = cfg.standin + (old && *old ? std::string(":") + old : std::string());
+    env["SF_STANDIN_DEVICES"] = "8";
+  }
   if (threads) {
     kids.resize(1);
     kids[0].log = dir + "/threads.log";
@@ -482,6 +493,7 @@ int main(int argc, char** argv) {
     ("replay-store", "rendezvous of the replayed session: env|file|redis|memory", cxxopts::value<std::string>()->default_value("env"))
     ("show", "failed sessions to print in full", cxxopts::value<int>()->default_value("5"))
     ("stacks", "print the stacks of hung ranks (gdb)")
+    ("nccl-standin", "directory of the stand-in libnccl.so.2/libcudart.so.13: a quarter of the sessions use device gradients over NCCL", cxxopts::value<std::string>()->default_value(""))
     ("v,verbose", "print every session")
     ("h,help", "this help");
   cxxopts::ParseResult args;
@@ -505,6 +517,7 @@ int main(int argc, char** argv) {
   cfg.maxWorld = std::max(2, args["max-world"].as<int>());
   cfg.verbose = args.count("verbose") > 0;
   cfg.stacks = args.count("stacks") > 0 && ::access("/usr/bin/gdb", X_OK) == 0;
+  cfg.standin = args["nccl-standin"].as<std::string>();
   {
     std::istringstream in(args["rendezvous"].as<std::string>());
     std::string item;
