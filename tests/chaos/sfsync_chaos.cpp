@@ -38,6 +38,9 @@
 #include <cxxopts.hpp>
 
 #include "plugin/tools/free_port.h"
+#ifdef SF_CHAOS_STORE_PROTOCOL
+#include "plugin/rendezvous/store_protocol.h"
+#endif
 #include "sfsync.h"
 #include "tests/chaos/chaos_plan.h"
 #include "tests/chaos/chaos_rank.h"
@@ -158,6 +161,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
     ::dup2(fd, 2);
     if (fd > 2) ::close(fd);
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SF_RENDEZVOUS",
+                          "SF_AUTH_TOKEN", "SF_AUTH_TOKEN_FILE",
                           "SF_TIMEOUT_MS", "SF_BUCKET_CAP_MB", "SF_FIRST_BUCKET_CAP_MB", "SF_REDUCE"}) {
       ::unsetenv(v);
     }
@@ -179,12 +183,53 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
+#ifdef SF_CHAOS_STORE_PROTOCOL
+// A stranger that speaks the store's protocol without the job's token: it
+// answers the hello with a made-up proof, then claims a rank, overwrites a
+// rank's key and reads one. Returns true if the store admitted it (any 'K'
+// after the hello): with SF_AUTH_TOKEN set it must refuse.
+bool protocolStranger(int fd, std::mt19937_64& rng) {
+  namespace sp = sfsync::store_protocol;
+  timeval tv{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sp::FrameParser parser(1 << 20);
+  auto next = [&](sp::Message& m) {
+    for (;;) {
+      const auto r = parser.next(m);
+      if (r == sp::FrameParser::Result::kMessage) return true;
+      if (r == sp::FrameParser::Result::kError) return false;
+      char buf[4096];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      parser.feed(buf, size_t(n));
+    }
+  };
+  auto junk = [&](size_t n) {
+    std::string b(n, 0);
+    for (char& c : b) c = char(rng());
+    return b;
+  };
+  sp::Message hello;
+  if (!next(hello) || hello.type != 'H') return false;
+  std::string out = sp::encode('A', {junk(sp::kNonceBytes), junk(sp::kMacBytes)}) +
+                    sp::encode('C', {"1"}) + sp::encode('S', {"sfsync/1", "evil"}) +
+                    sp::encode('G', {"sfsync/0"});
+  (void)!::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+  sp::Message reply;
+  while (next(reply)) {
+    if (reply.type == 'K') return true;
+  }
+  return false;
+}
+#endif
+
 // A stranger on the env:// store: connects after a while and sends garbage,
-// holds the connection silently, or connects and leaves many times.
-void stranger(int port, uint64_t seed, std::atomic<bool>& stop) {
+// holds the connection silently, connects and leaves many times, or (with a
+// job token set) speaks the protocol without the token.
+void stranger(int port, uint64_t seed, bool speaks, std::atomic<bool>& stop, std::atomic<bool>& admitted) {
   std::mt19937_64 rng(seed);
   std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 400));
-  const int how = int(rng() % 3);
+  const int how = speaks ? 3 : int(rng() % 3);
   std::vector<int> fds;
   for (int i = 0; i < (how == 2 ? 50 : 1) && !stop; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -197,6 +242,9 @@ void stranger(int port, uint64_t seed, std::atomic<bool>& stop) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
+#ifdef SF_CHAOS_STORE_PROTOCOL
+    if (how == 3 && protocolStranger(fd, rng)) admitted = true;
+#endif
     if (how == 0) {
       std::vector<char> junk(size_t(1 + rng() % 256));
       for (char& c : junk) c = char(rng());
@@ -309,6 +357,7 @@ SessionResult runSession(const Plan& plan, bool threads, const std::string& rdvK
   std::vector<Child> kids;
   std::map<std::string, std::string> env;
   int port = -1;
+  bool speaks = false;  // the stranger speaks the store's protocol
   if (plan.cuda) {
     const char* old = std::getenv("LD_LIBRARY_PATH");
     env["LD_LIBRARY_PATH"] = cfg.standin + (old && *old ? std::string(":") + old : std::string());
@@ -322,6 +371,13 @@ SessionResult runSession(const Plan& plan, bool threads, const std::string& rdvK
   } else {
     env["WORLD_SIZE"] = std::to_string(plan.world);
     if (rdvKind == "env") {
+#ifdef SF_CHAOS_STORE_PROTOCOL
+      // Half the env:// sessions (every stranger session) with a job token.
+      if (plan.fault == Fault::kStranger || plan.seed % 2 == 0) {
+        env["SF_AUTH_TOKEN"] = "chaos-" + std::to_string(plan.seed * 2654435761u);
+        speaks = plan.fault == Fault::kStranger && plan.seed % 4 < 2;
+      }
+#endif
       port = sfsync::freeLoopbackPort();
       env["SF_RENDEZVOUS"] = "env://";
       env["MASTER_ADDR"] = "127.0.0.1";
@@ -339,10 +395,10 @@ SessionResult runSession(const Plan& plan, bool threads, const std::string& rdvK
       kids[size_t(r)].pid = spawn({cfg.rankProgram, encoded}, env, kids[size_t(r)].log);
     }
   }
-  std::atomic<bool> stopStranger{false};
+  std::atomic<bool> stopStranger{false}, admitted{false};
   std::thread strangerThread;
   if (plan.fault == Fault::kStranger && port > 0) {
-    strangerThread = std::thread(stranger, port, plan.seed, std::ref(stopStranger));
+    strangerThread = std::thread(stranger, port, plan.seed, speaks, std::ref(stopStranger), std::ref(admitted));
   }
 
   // Every wait a rank does ends within timeout + slack; a rank may wait at
@@ -388,6 +444,7 @@ SessionResult runSession(const Plan& plan, bool threads, const std::string& rdvK
   if (strangerThread.joinable()) strangerThread.join();
 
   Judge judge{plan, cfg, {}};
+  if (admitted) judge.flag(kWrong, "the env:// store admitted a stranger without the job token");
   for (size_t i = 0; i < kids.size(); ++i) {
     Child& c = kids[i];
     c.output = slurp(c.log);
