@@ -648,6 +648,11 @@ int main(int argc, char** argv) {
     }
     const SessionResult res = runSession(plan, threads, store, cfg);
     ++ran;
+    if (ran % 100 == 0 && replay.empty()) {
+      std::printf("sfsync-chaos: %d sessions, %d passed, %.0f s\n", ran,
+                  total.count[kPassed] + (res.verdict == kPassed ? 1 : 0), msSince(start) / 1000);
+      std::fflush(stdout);
+    }
     const std::string kind = plan.kind();
     for (Row* row : {&table[kind], &total}) {
       row->sessions++;
