@@ -66,6 +66,7 @@ struct Config {
   bool verbose = false;
   bool stacks = false;  // gdb the hung processes
   std::string standin;  // directory of the NCCL/CUDA stand-ins: device sessions drawn too
+  double ncclShare = 0.25;  // of the sessions, with the stand-ins
 };
 
 double msSince(Clock::time_point t) {
@@ -104,7 +105,7 @@ Plan drawPlan(std::mt19937_64& rng, const Config& cfg, bool threads) {
   p.callIndex = uni(0, 40);
   p.layout = sfchaos::LayoutDiff(uni(0, int(sfchaos::LayoutDiff::kNum) - 1));
   if ((p.fault == Fault::kKill || p.fault == Fault::kStop) && p.point == Point::kMidBucket) p.gradReady = true;
-  if (!cfg.standin.empty() && uni(0, 3) == 0) {
+  if (!cfg.standin.empty() && std::uniform_real_distribution<double>(0, 1)(rng) < cfg.ncclShare) {
     p.cuda = true;
     p.flat = true;
   }
@@ -550,7 +551,8 @@ int main(int argc, char** argv) {
     ("replay-store", "rendezvous of the replayed session: env|file|redis|memory", cxxopts::value<std::string>()->default_value("env"))
     ("show", "failed sessions to print in full", cxxopts::value<int>()->default_value("5"))
     ("stacks", "print the stacks of hung ranks (gdb)")
-    ("nccl-standin", "directory of the stand-in libnccl.so.2/libcudart.so.13: a quarter of the sessions use device gradients over NCCL", cxxopts::value<std::string>()->default_value(""))
+    ("nccl-share", "share of the sessions on device gradients with --nccl-standin", cxxopts::value<double>()->default_value("0.25"))
+    ("nccl-standin", "directory of the stand-in libnccl.so.2/libcudart.so.13: --nccl-share of the sessions use device gradients over NCCL", cxxopts::value<std::string>()->default_value(""))
     ("v,verbose", "print every session")
     ("h,help", "this help");
   cxxopts::ParseResult args;
@@ -575,6 +577,7 @@ int main(int argc, char** argv) {
   cfg.verbose = args.count("verbose") > 0;
   cfg.stacks = args.count("stacks") > 0 && ::access("/usr/bin/gdb", X_OK) == 0;
   cfg.standin = args["nccl-standin"].as<std::string>();
+  cfg.ncclShare = args["nccl-share"].as<double>();
   {
     std::istringstream in(args["rendezvous"].as<std::string>());
     std::string item;
