@@ -16,7 +16,7 @@
 #include "plugin/core/log.h"
 #include "plugin/core/options.h"
 #include "plugin/rendezvous/store_factory.h"
-#include "plugin/shim_policy/shim_policy.h"
+#include "tests/fuzz/shim_policy_api.h"
 
 namespace {
 
@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)parsed;
   const std::string host = sfsync::localHostname(o);
   check(!host.empty(), "a local host name");
-  sfsync::ShimConfig shim = sfsync::shimConfigFromEnvironment();
+  sffuzz::shim::ShimConfig shim = sffuzz::shim::shimConfigFromEnvironment();
   check(shim.minBytes >= 0 && shim.accumulationSteps >= 0, "shim config in range");
   sfsync::logReconfigure();
   return 0;

@@ -6,7 +6,7 @@
 // be classified as a sum, and of its own dtype. (2) ShimPolicy::decide on a
 // fuzzed sequence of Gloo/NCCL call facts: every decision is well formed and
 // the counters add up.
-// Written against plugin/shim_policy/*: re-point the includes if it moves.
+// The policy comes from plugin/shim_policy/ or shim/policy/ (shim_policy_api.h).
 
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -17,8 +17,7 @@
 #include <cstring>
 
 #include "plugin/core/dtype.h"
-#include "plugin/shim_policy/reduce_probe.h"
-#include "plugin/shim_policy/shim_policy.h"
+#include "tests/fuzz/shim_policy_api.h"
 
 namespace {
 
@@ -69,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int ulpAt = in.ConsumeIntegralInRange<int>(0, 3);
     const bool throws = in.ConsumeIntegralInRange<int>(0, 15) == 0;
     const size_t w = width(kind);
-    sfsync::ReduceFunction fn = [=](void* out, const void* a, const void* b, size_t n) {
+    sffuzz::shim::ReduceFunction fn = [=](void* out, const void* a, const void* b, size_t n) {
       if (throws) throw std::runtime_error("host reduction throws");
       auto* o = static_cast<unsigned char*>(out);
       auto* x = static_cast<const unsigned char*>(a);
@@ -100,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
       }
     };
-    const sfsync::ReduceClass c = sfsync::probeReduce(declared, fn);
+    const sffuzz::shim::ReduceClass c = sffuzz::shim::probeReduce(declared, fn);
     if (c.op == SF_SHIM_OP_SUM) {
       check(!throws, "a throwing function is not a sum");
       check(op == kSum, "only a sum is classified as a sum");
@@ -115,12 +114,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   // (2) The policy on a sequence of calls.
-  sfsync::ShimConfig cfg;
+  sffuzz::shim::ShimConfig cfg;
   cfg.minBytes = in.ConsumeIntegralInRange<int64_t>(0, 1 << 20);
   cfg.accumulationSteps = in.ConsumeIntegralInRange<int64_t>(0, 6);
   cfg.strict = in.ConsumeBool();
   int64_t lines = 0;
-  sfsync::ShimPolicy policy(cfg, nullptr, [&](const std::string&) { ++lines; });
+  auto owned = sffuzz::makePolicy(cfg, [&] { ++lines; });
+  auto& policy = *owned;
   int64_t calls = 0, gloo = 0, nccl = 0;
   while (in.remaining_bytes() > 0 && calls < 4096) {
     sf_shim_call call{};
@@ -151,7 +151,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     check(d.window >= 0, "window not negative");
   }
-  const sfsync::ShimCounters n = policy.counters();
+  const sffuzz::shim::ShimCounters n = policy.counters();
   check(n.calls == calls, "calls counted");
   check(n.callsGloo + n.callsNccl <= n.calls, "per-API counts within the total");
   check(n.deferred + n.passed <= n.calls, "deferred + passed within the total");
