@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +50,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using sfchaos::Fault;
+
+// SIGINT/SIGTERM: start no new session, print the table, stop redis-server.
+volatile std::sig_atomic_t gStop = 0;
+void onStop(int) { gStop = 1; }
 using sfchaos::Plan;
 using sfchaos::Point;
 
@@ -534,6 +539,8 @@ std::string selfDir() {
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGINT, onStop);
+  ::signal(SIGTERM, onStop);
   cxxopts::Options options("sfsync-chaos", "Randomized fault soak of sfsync sessions");
   options.add_options()
     ("sessions", "sessions to run", cxxopts::value<int>()->default_value("100"))
@@ -631,6 +638,10 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   for (int s = 0; s < (replay.empty() ? sessions : 1); ++s) {
     if (budget > 0 && msSince(start) / 1000 > budget) break;
+    if (gStop) {
+      std::printf("sfsync-chaos: stopped by a signal after %d sessions\n", ran);
+      break;
+    }
     bool threads = cfg.mode == "thread" || (cfg.mode == "mixed" && rng() % 2 == 0);
     Plan plan;
     std::string store;
