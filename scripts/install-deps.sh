@@ -14,6 +14,7 @@ packages=(
   cargo librust-libloading-dev        # the Rust sample (offline, Debian's crates)
   iproute2                            # simulated hosts (scripts/cluster.sh: ip netns, tc tbf)
   python3-matplotlib                  # benchmark and trace plots (bench/, scripts/)
+  clang-14 libclang-rt-14-dev         # libFuzzer targets (tests/fuzz: ctest -L fuzz)
 )
 
 missing=()
