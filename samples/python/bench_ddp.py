@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_common as common
 import sfsync
-import sfsync_torch
+from sfsync import torch as sfsync_torch
 
 VARIANTS = ("sfsync", "ddp_fwd_bwd", "ddp_bwd_only")
 

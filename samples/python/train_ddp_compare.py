@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_common as common
 import sfsync
-import sfsync_torch
+from sfsync import torch as sfsync_torch
 
 
 def parse_args(argv=None):

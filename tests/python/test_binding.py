@@ -23,7 +23,8 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, HERE)
+if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
+    sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
 
 import numpy as np  # noqa: E402
 
@@ -50,6 +51,52 @@ class HeaderCoverage(unittest.TestCase):
         declared = set(re.findall(r"SF_API\s+[\w\s\*]+?\b(sf_\w+)\s*\(", header_text()))
         self.assertGreaterEqual(len(declared), 24)
         self.assertEqual(declared, set(sfsync.FUNCTIONS))
+
+    def test_prototypes_match_header(self):
+        """Every bound function's restype and argtypes are the C types the
+        header declares, parameter by parameter (a ctypes mirror cannot be
+        checked by the compiler: this is that check)."""
+        c = ctypes
+        scalar = {"int32_t": c.c_int32, "sf_status": c.c_int32, "sf_dtype": c.c_int32,
+                  "sf_device": c.c_int32, "sf_backend": c.c_int32, "sf_reduce_op": c.c_int32,
+                  "int64_t": c.c_int64, "uint64_t": c.c_uint64, "double": c.c_double,
+                  "void": None}
+        pointers = {"void*": c.c_void_p, "const void*": c.c_void_p, "const char*": c.c_char_p,
+                    "sf_context*": sfsync._ContextPtr, "const sf_context*": sfsync._ContextPtr,
+                    "sf_context**": c.POINTER(sfsync._ContextPtr),
+                    "sf_options*": c.POINTER(sfsync.Options),
+                    "const sf_options*": c.POINTER(sfsync.Options),
+                    "sf_stats*": c.POINTER(sfsync.Stats), "sf_store*": c.POINTER(sfsync.Store),
+                    "const sf_store*": c.POINTER(sfsync.Store),
+                    "int64_t*": c.POINTER(c.c_int64), "uint64_t*": c.POINTER(c.c_uint64),
+                    "void**": c.POINTER(c.c_void_p), "sf_dtype*": c.POINTER(c.c_int32)}
+
+        def ctype(decl):
+            decl = re.sub(r"\s*\*", "*", re.sub(r"\s+", " ", decl)).strip()
+            if "*" in decl:
+                return pointers[decl]
+            return scalar[decl]
+
+        text = re.sub(r"/\*.*?\*/", "", header_text(), flags=re.S)
+        protos = re.findall(r"SF_API\s+([\w\s\*]+?)\b(sf_\w+)\s*\(([^)]*)\)\s*;", text)
+        self.assertEqual(len(protos), len(sfsync.FUNCTIONS))
+        dll = sfsync.lib()
+        for ret, name, params in protos:
+            restype, argtypes = sfsync._PROTOTYPES[name]
+            restype = c.c_int32 if restype is sfsync._STATUS else restype
+            argtypes = [c.c_int32 if t is sfsync._STATUS else t for t in argtypes]
+            self.assertEqual(ctype(ret), restype, "%s returns %s" % (name, ret.strip()))
+            params = [p.strip() for p in params.split(",")]
+            if params == ["void"]:
+                params = []
+            want = []
+            for p in params:
+                m = re.match(r"^(.*[\s\*])(\w+)$", p)  # drop the parameter's name
+                want.append(ctype(m.group(1)))
+            self.assertEqual(want, argtypes, "%s(%s)" % (name, ", ".join(params)))
+            fn = getattr(dll, name)
+            if not isinstance(fn, sfsync._Missing):
+                self.assertEqual(list(fn.argtypes), argtypes, name)
 
     def test_bound_functions_are_exported(self):
         # The checked-in export list may hold more (the shim's internal
@@ -118,6 +165,9 @@ class StructLayout(unittest.TestCase):
 
     def test_options_layout(self):
         self.check("sf_options", sfsync.Options)
+
+    def test_store_layout(self):
+        self.check("sf_store", sfsync.Store)
 
     def test_stats_layout(self):
         self.check("sf_stats", sfsync.Stats)
