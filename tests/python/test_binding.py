@@ -1,6 +1,7 @@
-"""Tests of the ctypes binding (sfsync.py) against the C ABI.
+"""Tests of the package's ctypes binding (python/sfsync) against the C ABI: every
+function's prototype and every struct layout checked against include/sfsync.h.
 
-    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 samples/python/test_binding.py -v
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_binding.py -v
 
 Needs only the standard library and numpy. The layout test compares the
 ctypes structs with the C compiler's view of include/sfsync.h: it runs the
@@ -194,6 +195,59 @@ class Loading(unittest.TestCase):
         if not wanted:
             self.skipTest("SFSYNC_LIBRARY not set")
         self.assertEqual(os.path.realpath(sfsync.library_path()), os.path.realpath(wanted))
+
+    def test_no_build_tree_is_searched(self):
+        """The binding found the library by globbing build*/ of the checkout:
+        the package only knows SFSYNC_LIBRARY, its install record, a bundled
+        copy, and the system loader."""
+        pkg = os.path.dirname(os.path.abspath(sfsync.__file__))
+        has_record = os.path.exists(os.path.join(pkg, "_install.py"))
+        for c in sfsync._candidates():
+            self.assertNotIn("build", c.replace(pkg, ""), c)
+        if not has_record and not os.path.exists(os.path.join(pkg, "libsfsync.so.1")):
+            self.assertEqual(sfsync._candidates(), ["libsfsync.so.1"])
+        env = {k: v for k, v in os.environ.items() if k not in ("SFSYNC_LIBRARY",
+                                                                "LD_LIBRARY_PATH")}
+        env["PYTHONPATH"] = os.path.dirname(pkg)
+        r = subprocess.run([sys.executable, "-c", "import sfsync; print(sfsync.library_path())"],
+                           cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
+        if r.returncode == 0:  # an installed libsfsync.so.1 on the loader path
+            self.assertNotIn(ROOT, r.stdout)
+        else:
+            self.assertIn("LibraryLoadError", r.stderr)
+            self.assertNotIn("/build", r.stderr)
+
+    def test_installed_package_finds_its_own_library(self):
+        """What cmake --install writes (_install.py: the library relative to
+        the package) is enough: no environment variable, any directory."""
+        wanted = os.environ.get("SFSYNC_LIBRARY")
+        if not wanted:
+            self.skipTest("SFSYNC_LIBRARY not set (the library to install)")
+        tmp = tempfile.mkdtemp()
+        try:
+            site = os.path.join(tmp, "lib", "python3", "dist-packages")
+            shutil.copytree(os.path.dirname(os.path.abspath(sfsync.__file__)),
+                            os.path.join(site, "sfsync"),
+                            ignore=shutil.ignore_patterns("__pycache__", "_install.py"))
+            shutil.copy(wanted, os.path.join(tmp, "lib", "libsfsync.so.1"))
+            with open(os.path.join(site, "sfsync", "_install.py"), "w") as f:
+                f.write('LIBRARY = "../../../libsfsync.so.1"\n')
+            env = {k: v for k, v in os.environ.items() if k not in ("SFSYNC_LIBRARY",
+                                                                    "LD_LIBRARY_PATH")}
+            env["PYTHONPATH"] = site
+            r = subprocess.run([sys.executable, "-m", "sfsync"], cwd="/", env=env,
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("from %s" % os.path.join(tmp, "lib", "libsfsync.so.1"), r.stdout)
+            self.assertIn("sfsync %s" % sfsync.version(), r.stdout)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_missing_0_2_function_raises_unsupported(self):
+        missing = sfsync._Missing("sf_connect", "libold.so")
+        with self.assertRaisesRegex(sfsync.UnsupportedError, r"sf_connect: libold\.so does not "
+                                    r"export it \(it is older than sfsync 0\.2\)"):
+            missing(None)
 
     def test_loading_another_path_is_refused(self):
         with self.assertRaisesRegex(sfsync.LibraryLoadError, "already loaded"):

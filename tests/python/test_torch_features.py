@@ -253,6 +253,30 @@ class TwoRanksAsThreads(unittest.TestCase):
         for a, b in zip(out[0][2], out[1][2]):
             self.assertTrue(torch.equal(a, b))
 
+    def test_wrong_world_size_fails_at_attach_not_in_backward(self):
+        """WORLD_SIZE 3 with 2 ranks surfaced only at the timeout, from
+        inside backward: GradientSync connects at attach."""
+        import time
+        name = "memory://ws-%s" % uuid.uuid4().hex
+        models = [Net(), Net()]
+
+        def rank_fn(rank):
+            t0 = time.monotonic()
+            try:
+                sft.GradientSync(models[rank], rank=rank, world_size=3, rendezvous=name,
+                                 timeout_ms=1500)
+            except sfsync.SfError as e:
+                return time.monotonic() - t0, e
+            return time.monotonic() - t0, None
+        out, errors = run_threads(rank_fn)
+        self.assertEqual(errors, [None, None])
+        for rank in (0, 1):
+            elapsed, e = out[rank]
+            self.assertIsInstance(e, (sfsync.SfTimeoutError, sfsync.BackendError,
+                                      sfsync.MismatchError), "rank %d: %r" % (rank, e))
+            self.assertIn("sf_connect", str(e))
+            self.assertLess(elapsed, 1.5 + 10.0)  # the timeout plus generous slack
+
     def test_verify_every_names_the_first_differing_parameter(self):
         """One flipped bit in one parameter on one rank is caught on every
         rank at the next check, naming that parameter."""

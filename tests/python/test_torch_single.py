@@ -1,7 +1,7 @@
-"""Tests of the PyTorch integration (sfsync_torch.py) on one rank, plus two
+"""Tests of the PyTorch integration (sfsync.torch) on one rank, plus two
 ranks as threads of this process (memory:// rendezvous).
 
-    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 samples/python/test_sfsync_torch.py
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_torch_single.py
 """
 
 import os
