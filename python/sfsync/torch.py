@@ -159,8 +159,8 @@ def make_context(store=None, prefix=None, **options):
     elif store is not None:
         how = "the given store"
     if store is not None:
-        # The store replaces the rendezvous; a valid placeholder for sf_create.
-        options.setdefault("rendezvous", "memory://sfsync-host-store")
+        # The store replaces the rendezvous ("host://": the host's store).
+        options.setdefault("rendezvous", "host://")
     ctx = sfsync.Context(**options)
     try:
         if store is not None:
