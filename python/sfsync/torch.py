@@ -205,7 +205,7 @@ def _broadcast_tensors(ctx, tensors, root=0):
             src = flat[offset:offset + n]
             offset += n
             if t.is_cuda or not t.is_contiguous():
-                t.copy_(src.view(t.dtype).view(t.shape))
+                t.copy_(src.clone().view(t.dtype).view(t.shape))
             else:
                 v.copy_(src)
 
