@@ -120,7 +120,9 @@ typedef struct sf_options {
    *    "env://"            a TCP store served by rank 0 on MASTER_ADDR:MASTER_PORT
    *    "file:///dir"       Gloo's FileStore in a fresh directory (one per job)
    *    "redis://host:port[/prefix]"  Gloo's RedisStore (one prefix per job)
-   *    "memory://name"     an in-process store: ranks are threads of one process */
+   *    "memory://name"     an in-process store: ranks are threads of one process
+   *    "host://"           the host's own store, handed over with sf_set_store
+   *                        (Since 0.2) */
   char rendezvous[SF_RENDEZVOUS_MAX];
 } sf_options;
 
@@ -396,7 +398,14 @@ SF_API void sf_log(int32_t level, const char* subsystem, const char* message);
  * sf_destroy returns, and must be thread-safe. They return SF_STORE_OK,
  * SF_STORE_TIMEOUT (get: the key did not appear within timeout_ms) or
  * SF_STORE_ERROR; sfsync turns the last two into SF_ERR_TIMEOUT and
- * SF_ERR_BACKEND naming the key.
+ * SF_ERR_BACKEND naming the key (so does any other return value, or a get
+ * that returns SF_STORE_OK without setting *bytes).
+ *
+ * Keys are "<prefix>/sfsync/<name>" ("sfsync/<name>" without a prefix) and
+ * values are bytes (not NUL-terminated, possibly empty). sfsync only sets and
+ * gets; it never deletes. Each rank sets about three keys per context (its
+ * claim, its Gloo address, rank 0 also the roster) of under 100 bytes per
+ * rank in the job, and reads about as many.
  */
 
 #define SF_STORE_OK 0
@@ -406,11 +415,14 @@ SF_API void sf_log(int32_t level, const char* subsystem, const char* message);
 typedef struct sf_store {
   uint64_t struct_size; /* sizeof(sf_store) as the caller knows it */
   void* user;           /* passed back to every callback */
-  /** Store `bytes` bytes at `value` under `key` (NUL-terminated). */
+  /** Store `bytes` bytes at `value` under `key` (NUL-terminated), replacing
+   *  any value; then wake getters waiting for it. */
   int32_t (*set)(void* user, const char* key, const void* value, uint64_t bytes);
-  /** Wait up to timeout_ms for `key`, then write its size to *bytes and, if
-   *  it fits in `capacity`, its value to `buffer`. A value larger than
-   *  `capacity` is not an error: sfsync calls again with a larger buffer. */
+  /** Wait up to timeout_ms (>= 0; what is left of sfsync's own deadline,
+   *  never more than the context's timeout_ms) for `key`, then write its
+   *  size to *bytes and, if it fits in `capacity`, its value to `buffer`.
+   *  A value larger than `capacity` is not an error: sfsync calls again with
+   *  a buffer of the reported size. */
   int32_t (*get)(void* user, const char* key, int64_t timeout_ms, void* buffer,
                  uint64_t capacity, uint64_t* bytes);
 } sf_store;
@@ -422,12 +434,18 @@ SF_API sf_status sf_store_init(sf_store* store, uint64_t struct_size);
 
 /**
  * Use the host's store for this context's rendezvous instead of
- * opts.rendezvous. `prefix` (may be NULL or "", copied) is put before every
- * key, so that several contexts or jobs share one store; it must be the same
- * on every rank. The struct is copied; `user` must stay valid until
- * sf_destroy. Call before the first collective (sf_connect,
- * sf_synchronize, ...), else SF_ERR_INVALID_STATE; NULL set/get is
- * SF_ERR_INVALID_ARGUMENT. Since 0.2.
+ * opts.rendezvous (which may then be "host://", valid for any world_size;
+ * a context created with "host://" and no sf_set_store fails its first
+ * collective with SF_ERR_INVALID_STATE). `prefix` (may be NULL or "",
+ * copied) is put before every key, so that several contexts or jobs share
+ * one store; it must be the same on every rank and differ between contexts
+ * that meet at the same time. The struct is copied (min(store->struct_size,
+ * sizeof(sf_store)) bytes); `user` must stay valid until sf_destroy. Call
+ * before the first collective (sf_connect, sf_synchronize, ...), else
+ * SF_ERR_INVALID_STATE; a second call before that replaces the first. NULL
+ * store, set or get, or a struct_size below the version-1 size, is
+ * SF_ERR_INVALID_ARGUMENT. At world size 1 the store is never used.
+ * Since 0.2.
  */
 SF_API sf_status sf_set_store(sf_context* ctx, const sf_store* store, const char* prefix);
 
@@ -439,6 +457,22 @@ SF_API sf_status sf_set_store(sf_context* ctx, const sf_store* store, const char
  * rank number is claimed once. Done implicitly by the first collective;
  * calling it at set-up makes rendezvous errors surface there, not inside a
  * backward pass. Bounded by timeout_ms. Idempotent. Since 0.2.
+ *
+ * Admission goes through the store: each rank publishes a claim (world_size,
+ * a random nonce, host, pid); rank 0 waits for every claim and publishes the
+ * roster, or the reason it refuses the job, which every rank then returns.
+ * The first use of the store by any collective does the same (so the
+ * checks below also hold without sf_connect, except the last).
+ *  - SF_ERR_TIMEOUT: ranks missing after timeout_ms (rank 0 names them), or
+ *    rank 0's roster missing (rank 0 not running, another rendezvous);
+ *  - SF_ERR_MISMATCH: world sizes differ (every rank that meets rank 0 says
+ *    which); a rank claimed by two processes: the one rank 0 did not admit
+ *    always, and, when the second claim arrives while the ranks connect,
+ *    every rank of the job (sf_connect re-reads the claims after connecting
+ *    and agrees on the result with one 8-byte collective);
+ *  - SF_ERR_BACKEND: the store or the transport failed.
+ * With backend = nccl the transport is NCCL's (the communicator is made
+ * here); with an adopted communicator no store is used at all.
  */
 SF_API sf_status sf_connect(sf_context* ctx);
 
@@ -447,28 +481,42 @@ SF_API sf_status sf_connect(sf_context* ctx);
  * rank (collective), e.g. initial weights and buffers, as DDP does at
  * construction. SF_ERR_INVALID_STATE inside a window or while bucket
  * collectives are in flight; SF_ERR_INVALID_ARGUMENT for a root outside
- * [0, world_size). Free at world size 1. Since 0.2.
+ * [0, world_size) or a NULL `data` with bytes > 0. Every rank must pass the
+ * same `bytes` and `root`: a small collective checks that first, and a
+ * difference is SF_ERR_MISMATCH on every rank (saying the range seen), never
+ * a hang or an overrun. bytes = 0 only does that check. Connects first if
+ * needed (as sf_connect). Moves the bytes with Gloo's broadcast;
+ * SF_ERR_UNSUPPORTED with backend = nccl. Free at world size 1. Since 0.2.
  */
 SF_API sf_status sf_broadcast(sf_context* ctx, void* data, uint64_t bytes, int32_t root);
 
 /**
  * A fast, non-cryptographic 64-bit digest of `bytes` bytes at `data`,
- * bit-exact and the same on every machine for the same bytes and seed.
- * Chain buffers by passing the previous digest as `seed`. Pure; thread-safe.
- * Since 0.2.
+ * bit-exact and the same on every machine for the same bytes and seed: it is
+ * XXH64 (xxHash's 64-bit hash; `xxhsum -H64` prints the seed-0 value), any
+ * alignment. Chain buffers by passing the previous digest as `seed` (a chain
+ * is not the digest of the concatenation). Not a defence against an
+ * attacker who chooses the bytes. `data` may be NULL when bytes is 0.
+ * Pure; thread-safe. Since 0.2.
  */
 SF_API sf_status sf_digest(const void* data, uint64_t bytes, uint64_t seed, uint64_t* out);
 
 /** The digest (sf_digest chained in registration order, seed 0) of every
- *  registered host gradient's bytes. Builds the buckets if needed. Since 0.2. */
+ *  registered host gradient's bytes (CUDA gradients are skipped). Builds the
+ *  buckets if needed. SF_ERR_INVALID_STATE with no gradient registered or
+ *  while bucket collectives are in flight. Local: no communication.
+ *  Since 0.2. */
 SF_API sf_status sf_digest_gradients(sf_context* ctx, uint64_t* out);
 
 /**
  * Compare a host-computed digest (e.g. of the weights, from sf_digest)
  * across ranks with one small collective: SF_OK when every rank passed the
  * same value, else SF_ERR_MISMATCH on every rank with a message naming the
- * ranks that differ from rank 0. SF_ERR_INVALID_STATE inside a window.
- * Free and SF_OK at world size 1. Since 0.2.
+ * ranks that differ from rank 0 (and their digests). The collective carries
+ * 8 bytes per rank (an all-gather). SF_ERR_INVALID_STATE inside a window or
+ * while bucket collectives are in flight (call it between sf_synchronize
+ * and the next window, e.g. after the optimizer step). Connects first if
+ * needed (as sf_connect). Free and SF_OK at world size 1. Since 0.2.
  */
 SF_API sf_status sf_check_replicas(sf_context* ctx, uint64_t digest);
 

@@ -253,3 +253,93 @@ void sf_log(int32_t level, const char* subsystem, const char* message) {
 }
 
 }  // extern "C"
+
+// ---- The host's store, collective set-up and checks (Since 0.2) -------------
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "plugin/core/digest.h"
+
+namespace sfsync {
+namespace {
+// sf_store of ABI version 1: struct_size, user, set, get.
+constexpr uint64_t kStoreV1Size = 32;
+static_assert(offsetof(sf_store, struct_size) == 0 && offsetof(sf_store, user) == 8 &&
+                  offsetof(sf_store, set) == 16 && offsetof(sf_store, get) == 24 &&
+                  sizeof(sf_store) == kStoreV1Size,
+              "the version-1 layout of sf_store is frozen");
+
+void checkStoreSize(uint64_t size, const char* what) {
+  if (size < kStoreV1Size) {
+    fail(SF_ERR_INVALID_ARGUMENT, std::string(what) + " = " + std::to_string(size) +
+                                      " is smaller than sizeof(sf_store) = " +
+                                      std::to_string(kStoreV1Size) + " of ABI version 1");
+  }
+}
+
+// The caller's struct (of its own size) over our defaults.
+sf_store storeFromCaller(const sf_store* store) {
+  const sf_store& in = checked(store, "store");
+  checkStoreSize(in.struct_size, "store->struct_size");
+  sf_store out{};
+  std::memcpy(&out, &in, size_t(std::min<uint64_t>(in.struct_size, sizeof out)));
+  out.struct_size = sizeof out;
+  if (!out.set) fail(SF_ERR_INVALID_ARGUMENT, "store->set is NULL");
+  if (!out.get) fail(SF_ERR_INVALID_ARGUMENT, "store->get is NULL");
+  return out;
+}
+}  // namespace
+}  // namespace sfsync
+
+extern "C" {
+
+sf_status sf_store_init(sf_store* store, uint64_t struct_size) {
+  return guard("sf_store_init", [&] {
+    sf_store& out = checked(store, "store");
+    sfsync::checkStoreSize(struct_size, "struct_size");
+    std::memset(&out, 0, size_t(std::min<uint64_t>(struct_size, sizeof(sf_store))));
+    out.struct_size = struct_size;
+  });
+}
+
+sf_status sf_set_store(sf_context* ctx, const sf_store* store, const char* prefix) {
+  return guard("sf_set_store", [&] {
+    sfsync::Context& c = checked(ctx);
+    c.setStore(sfsync::storeFromCaller(store), prefix);
+  });
+}
+
+sf_status sf_connect(sf_context* ctx) {
+  return guard("sf_connect", [&] { checked(ctx).connect(); });
+}
+
+sf_status sf_broadcast(sf_context* ctx, void* data, uint64_t bytes, int32_t root) {
+  return guard("sf_broadcast", [&] { checked(ctx).broadcast(data, bytes, root); });
+}
+
+sf_status sf_digest(const void* data, uint64_t bytes, uint64_t seed, uint64_t* out) {
+  return guard("sf_digest", [&] {
+    uint64_t& result = checked(out, "out");
+    if (!data && bytes > 0) {
+      fail(SF_ERR_INVALID_ARGUMENT, "data is NULL with bytes = " + std::to_string(bytes));
+    }
+    if (bytes > uint64_t(SIZE_MAX)) fail(SF_ERR_INVALID_ARGUMENT, "bytes is too large");
+    result = sfsync::digest64(data, size_t(bytes), seed);
+  });
+}
+
+sf_status sf_digest_gradients(sf_context* ctx, uint64_t* out) {
+  return guard("sf_digest_gradients", [&] {
+    sfsync::Context& c = checked(ctx);
+    uint64_t& result = checked(out, "out");  // before any side effect
+    result = c.digestGradients();
+  });
+}
+
+sf_status sf_check_replicas(sf_context* ctx, uint64_t digest) {
+  return guard("sf_check_replicas", [&] { checked(ctx).checkReplicas(digest); });
+}
+
+}  // extern "C"

@@ -73,6 +73,11 @@ class Backend : public MemoryOps {
 
   // Best effort before teardown, bounded by the timeout; never throws.
   virtual void barrierQuietly() noexcept = 0;
+
+  // Blocking: copy `bytes` bytes of host memory at `data` from rank `root`
+  // to every rank (sf_broadcast). Every rank passes the same bytes and root
+  // (the caller checks); no work may be in flight.
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
 };
 
 }  // namespace sfsync

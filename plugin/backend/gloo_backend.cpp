@@ -4,12 +4,14 @@
 
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
+#include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
+#include "plugin/rendezvous/rendezvous.h"
 #include "plugin/rendezvous/store_factory.h"
 
 namespace sfsync {
@@ -56,7 +58,8 @@ class GlooWork : public Work {
 
 }  // namespace
 
-GlooBackend::GlooBackend(const sf_options& opts) : opts_(opts) {}
+GlooBackend::GlooBackend(const sf_options& opts, std::shared_ptr<Rendezvous> rendezvous)
+    : opts_(opts), rendezvous_(std::move(rendezvous)) {}
 
 GlooBackend::~GlooBackend() = default;
 
@@ -67,7 +70,7 @@ void GlooBackend::connect() {
 }
 
 void GlooBackend::connectHere() {
-  store_ = openStore(opts_);
+  store_ = rendezvous_->store();
   glooCall("connect", [&] {
     gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
@@ -143,6 +146,22 @@ void GlooBackend::barrierQuietly() noexcept {
         .wait_for(timeout + std::chrono::seconds(5));
   } catch (...) {
   }
+}
+
+void GlooBackend::broadcast(void* data, size_t bytes, int root) {
+  connect();
+  auto context = context_;
+  executor_
+      .submit([context, data, bytes, root] {
+        glooCall("broadcast", [&] {
+          gloo::BroadcastOptions opts(context);
+          opts.setOutput(static_cast<uint8_t*>(data), bytes);
+          opts.setRoot(root);
+          gloo::broadcast(opts);
+        });
+      })
+      .get()
+      .throwIfFailed();
 }
 
 }  // namespace sfsync

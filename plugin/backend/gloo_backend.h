@@ -19,9 +19,12 @@ class Store;
 
 namespace sfsync {
 
+class Rendezvous;
+
 class GlooBackend : public Backend {
  public:
-  explicit GlooBackend(const sf_options& opts);
+  // `rendezvous` is the context's: connect() takes the store from it.
+  GlooBackend(const sf_options& opts, std::shared_ptr<Rendezvous> rendezvous);
   ~GlooBackend() override;
 
   const char* name() const override { return "gloo"; }
@@ -30,11 +33,13 @@ class GlooBackend : public Backend {
                                        ReduceSpec spec) override;
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
   void barrierQuietly() noexcept override;
+  void broadcast(void* data, size_t bytes, int root) override;
 
  private:
   void connectHere();  // on the worker thread
 
   sf_options opts_;
+  std::shared_ptr<Rendezvous> rendezvous_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
   std::shared_ptr<gloo::Context> context_;
   OrderedExecutor executor_;  // declared last: joined first

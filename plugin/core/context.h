@@ -11,6 +11,7 @@
 
 #include "plugin/backend/backend.h"
 #include "plugin/reducer/reducer.h"
+#include "plugin/rendezvous/rendezvous.h"
 #include "sfsync.h"
 
 namespace sfsync {
@@ -67,6 +68,34 @@ class Context {
   int64_t windowsCompleted_ = 0;
   int64_t deferredPasses_ = 0;
   int64_t syncNs_ = 0;
+
+  // ---- Since 0.2: the host's store, collective set-up and checks ----------
+ public:
+  // sf_set_store: the host's store (struct already size-checked) for every
+  // rendezvous of this context. SF_ERR_INVALID_STATE once the store is in use.
+  void setStore(const sf_store& store, const char* prefix);
+  // sf_connect: admission (Rendezvous), the control backend's connect, then a
+  // re-check of the claims combined across ranks by one small collective.
+  void connect();
+  // sf_broadcast of host memory from `root`; checks that every rank passed
+  // the same size and root (one 32-byte collective) before moving data.
+  void broadcast(void* data, uint64_t bytes, int32_t root);
+  // sf_digest_gradients: chained digest of the host gradients' bytes.
+  uint64_t digestGradients();
+  // sf_check_replicas: allgather of digests (a max-reduction of one slot per
+  // rank), SF_ERR_MISMATCH naming the ranks that differ from rank 0.
+  void checkReplicas(uint64_t digest);
+
+ private:
+  // The backend for control collectives: Gloo (host memory), or NCCL when
+  // backend = nccl.
+  Backend& controlBackend();
+  // SF_ERR_INVALID_STATE inside a window or while buckets are in flight.
+  void checkIdle(const char* what) const;
+
+  std::shared_ptr<Rendezvous> rendezvous_;  // shared with the backends
+  std::mutex connectMutex_;
+  bool connected_ = false;
 };
 
 }  // namespace sfsync

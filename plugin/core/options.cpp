@@ -89,10 +89,11 @@ struct EnvReader {
 };
 
 bool knownRendezvous(const char* url) {
-  static const char* const kForms[] = {"env://", "file://", "redis://", "memory://"};
+  static const char* const kForms[] = {"env://", "file://", "redis://", "memory://", "host://"};
   for (const char* form : kForms) {
     const size_t n = std::strlen(form);
-    if (std::strncmp(url, form, n) == 0 && (url[n] != 0 || std::strcmp(form, "env://") == 0)) {
+    const bool bare = std::strcmp(form, "env://") == 0 || std::strcmp(form, "host://") == 0;
+    if (std::strncmp(url, form, n) == 0 && (url[n] != 0 || bare)) {
       return true;
     }
   }
@@ -185,7 +186,7 @@ void validateOptions(const sf_options& o) {
     s << "opts->rendezvous is not NUL-terminated within " << SF_RENDEZVOUS_MAX << " bytes";
   } else if (o.rendezvous[0] != 0 && !knownRendezvous(o.rendezvous)) {
     s << "opts->rendezvous = '" << o.rendezvous
-      << "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name";
+      << "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name, host://";
   } else if (o.world_size > 1 && o.rendezvous[0] == 0) {
     s << "opts->rendezvous is empty but world_size = " << o.world_size
       << " (set SF_RENDEZVOUS, or MASTER_ADDR/MASTER_PORT for env://)";

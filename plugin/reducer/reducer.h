@@ -56,6 +56,17 @@ class Reducer {
   bool quiesce() noexcept;
   ReducerCounters counters() const;
 
+  // Gradient `id`'s storage (after build()) and size, for digests.
+  struct GradientBytes {
+    const void* data;
+    int64_t bytes;
+    sf_device device;
+  };
+  GradientBytes gradientBytesOf(int64_t id) const {
+    const Gradient& g = grads_[size_t(id)];
+    return {g.data, g.bytes(), g.device};
+  }
+
  private:
   struct Gradient {
     void* data;  // host pointer, or the view into flat_ once built

@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -173,6 +175,127 @@ CallCosts windowCallCosts(int64_t calls) {
   return {pair / 2, ready};
 }
 
+// ---- The replica check (sf_check_replicas) and its digest (sf_digest) ------
+
+struct ReplicaCosts {
+  double checkMs = 0, rawMs = 0;  // medians: sf_check_replicas vs a raw Gloo allreduce of W int64
+  double digestGBs = 0, memcpyGBs = 0;
+  double world1Ns = 0;
+  std::string error;
+};
+
+// Rank 0's medians over `iters` alternating calls; ranks as threads over
+// memory://, a plain Gloo context as the baseline (the same all-gather size).
+ReplicaCosts replicaCheckCosts(int world, int iters) {
+  ReplicaCosts out;
+  const std::string tag = "replica-bench-" + std::to_string(::getpid());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto store = sfsync::MemoryStore::named(tag + "-raw");
+      gloo::rendezvous::PrefixStore prefixed("raw", *store);
+      auto dev = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr("127.0.0.1"));
+      auto raw = std::make_shared<gloo::rendezvous::Context>(r, world);
+      raw->connectFullMesh(prefixed, dev);
+      sf_options o;
+      sf_options_init(&o, sizeof o);
+      o.rank = r;
+      o.world_size = world;
+      std::snprintf(o.rendezvous, sizeof o.rendezvous, "memory://%s", tag.c_str());
+      sf_context* ctx = nullptr;
+      if (sf_create(&o, &ctx) != SF_OK || sf_connect(ctx) != SF_OK) {
+        if (r == 0) out.error = sf_last_error();
+        return;
+      }
+      std::vector<double> check, base;
+      std::vector<int64_t> slots(static_cast<size_t>(world));
+      for (int i = 0; i < iters + 3; ++i) {  // 3 warm-up rounds
+        std::fill(slots.begin(), slots.end(), INT64_MIN);
+        slots[size_t(r)] = 12345;
+        auto t0 = Clock::now();
+        gloo::AllreduceOptions opts(raw);
+        opts.setOutput(slots.data(), slots.size());
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+            &gloo::max<int64_t>));
+        gloo::allreduce(opts);
+        const double b = msSince(t0);
+        t0 = Clock::now();
+        const sf_status st = sf_check_replicas(ctx, 0xfeedULL);
+        const double c = msSince(t0);
+        if (st != SF_OK && r == 0) out.error = sf_last_error();
+        if (i >= 3) {
+          base.push_back(b);
+          check.push_back(c);
+        }
+      }
+      gloo::BarrierOptions barrier(raw);
+      gloo::barrier(barrier);
+      sf_destroy(ctx);
+      if (r == 0) {
+        out.checkMs = median(check);
+        out.rawMs = median(base);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  // The digest against a plain copy of the same bytes (memory bandwidth).
+  const size_t bytes = size_t(64) << 20;
+  std::vector<unsigned char> a(bytes), b(bytes);
+  for (size_t i = 0; i < bytes; ++i) a[i] = (unsigned char)(i * 131);
+  std::vector<double> dig, cpy;
+  uint64_t sink = 0;
+  for (int i = 0; i < 7; ++i) {
+    auto t0 = Clock::now();
+    uint64_t d = 0;
+    sf_digest(a.data(), bytes, 0, &d);
+    dig.push_back(msSince(t0));
+    sink ^= d;
+    t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    cpy.push_back(msSince(t0));
+    sink ^= b[size_t(i) * 4099];
+  }
+  out.digestGBs = double(bytes) / 1e6 / median(dig);
+  out.memcpyGBs = double(bytes) / 1e6 / median(cpy);
+  if (sink == 42) std::cout << "";  // keep the work
+
+  sf_options o;
+  sf_options_init(&o, sizeof o);
+  o.world_size = 1;
+  o.rank = 0;
+  o.rendezvous[0] = 0;
+  sf_context* ctx = nullptr;
+  sf_create(&o, &ctx);
+  const int calls = 1000000;
+  auto t0 = Clock::now();
+  for (int i = 0; i < calls; ++i) sf_check_replicas(ctx, uint64_t(i));
+  out.world1Ns = msSince(t0) * 1e6 / calls;
+  sf_destroy(ctx);
+  return out;
+}
+
+void printReplicaCosts(int world, int iters, std::ofstream& json) {
+  const ReplicaCosts c = replicaCheckCosts(world, iters);
+  if (!c.error.empty()) {
+    std::cout << "replica check: " << c.error << "\n\n";
+    return;
+  }
+  std::cout << std::fixed << std::setprecision(3) << "replica check (" << world
+            << " ranks, median of " << iters << "): sf_check_replicas " << c.checkMs
+            << " ms, raw Gloo allreduce of " << world << " int64 " << c.rawMs << " ms, ratio "
+            << std::setprecision(2) << c.checkMs / c.rawMs << "; world size 1: "
+            << std::setprecision(1) << c.world1Ns << " ns\n"
+            << "sf_digest (XXH64, 64 MiB, one thread): " << std::setprecision(2) << c.digestGBs
+            << " GB/s; memcpy of the same bytes " << c.memcpyGBs << " GB/s\n\n";
+  if (json.is_open()) {
+    json << "{\"kind\":\"replica_check\",\"ranks\":" << world << ",\"check_ms\":" << c.checkMs
+         << ",\"raw_allreduce_ms\":" << c.rawMs << ",\"ratio\":" << c.checkMs / c.rawMs
+         << ",\"world1_ns\":" << c.world1Ns << ",\"digest_gbs\":" << c.digestGBs
+         << ",\"memcpy_gbs\":" << c.memcpyGBs << "}\n";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,6 +312,8 @@ int main(int argc, char** argv) {
       ("reduce", "average or sum", cxxopts::value<std::string>()->default_value("sum"))
       ("calls", "calls for the window-call cost", cxxopts::value<int64_t>()->default_value("2000000"))
       ("json", "also write JSON lines here", cxxopts::value<std::string>())
+      ("replica-iters", "sf_check_replicas calls timed (0: skip that section)", cxxopts::value<int>()->default_value("200"))
+      ("replica-only", "only the replica-check section")
       ("h,help", "print this help");
   cxxopts::ParseResult args;
   try {
@@ -221,6 +346,9 @@ int main(int argc, char** argv) {
     json << "{\"kind\":\"window_calls\",\"begin_end_ns\":" << costs.beginEndNs
          << ",\"grad_ready_in_window_ns\":" << costs.gradReadyNs << "}\n";
   }
+
+  if (args["replica-iters"].as<int>() > 0) printReplicaCosts(ranks, args["replica-iters"].as<int>(), json);
+  if (args.count("replica-only")) return 0;
 
   std::cout << "reduce=" << reduce << ", " << ranks << " ranks, median of " << iters << " x "
             << repeats << " iterations (" << repeats << " fresh connections)\n"

@@ -144,6 +144,10 @@ def parse_header(text: str) -> Header:
                     array = h.defines[size]
                 else:
                     raise ParseError("struct %s: array size '%s' is not a number or #define" % (alias, size))
+            fp = re.match(r"^.*?\(\s*\*\s*([A-Za-z_]\w*)\s*\)\s*\(.*\)$", decl, flags=re.S)
+            if fp:  # a function pointer (sf_store's callbacks): Ptr{Cvoid} in Julia
+                fields.append(CField(fp.group(1), parse_c_type("void*", h.aliases), array))
+                continue
             ctype_text, name = split_c_declarator(decl)
             fields.append(CField(name, parse_c_type(ctype_text, h.aliases), array))
         h.structs[alias] = fields

@@ -6,6 +6,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "sfsync.h"
 #include "tests/nccl/nccl_support.h"
+#include "tests/support/map_store.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace sftest;
@@ -532,37 +534,96 @@ BOOST_AUTO_TEST_CASE(failed_communicator_creation_is_reported) {
   BOOST_TEST(m.find("unhandled cuda error") != std::string::npos, m);
 }
 
-BOOST_AUTO_TEST_CASE(threads2_missing_peer_at_communicator_creation_times_out) {
-  // Rank 1 publishes nothing and never joins: rank 0 waits for the unique id
-  // (rank 1 waits at the store) ... here rank 0 is the one that exists, so
-  // it publishes the id and waits in the non-blocking ncclCommInitRankConfig.
-  const std::string rdv = "memory://" + uniqueName("initto");
-  cudaSetDevice(0);
+// A peer that is admitted (sf_connect: claims and roster through the store)
+// but never takes part in NCCL: it only connects Gloo, and times out there.
+sf_status admittedButSilentPeer(int rank, const std::string& rdv, int64_t timeoutMs) {
   ContextHandle h;
-  sf_options o = rankOptions(0, 2, rdv, 1000);
-  BOOST_TEST_REQUIRE(sf_create(&o, &h.ctx) == SF_OK);
-  int64_t gid;
-  BOOST_TEST_REQUIRE(sf_add_gradient(h.ctx, 64, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) == SF_OK);
-  const auto t0 = std::chrono::steady_clock::now();
-  BOOST_TEST(sf_synchronize(h.ctx) == SF_ERR_TIMEOUT);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string m = sf_last_error();
+  sf_options o = rankOptions(rank, 2, rdv, timeoutMs);
+  o.backend = SF_BACKEND_GLOO;
+  if (sf_create(&o, &h.ctx) != SF_OK) return SF_ERR_INTERNAL;
+  return sf_connect(h.ctx);
+}
+
+BOOST_AUTO_TEST_CASE(threads2_missing_peer_at_communicator_creation_times_out) {
+  // Rank 1 is admitted at the store but never calls NCCL: rank 0 publishes
+  // the unique id and waits in the non-blocking ncclCommInitRankConfig.
+  // (A peer missing altogether is caught earlier, at admission: see
+  // connect_tests and host_store_tests.)
+  const std::string rdv = "memory://" + uniqueName("initto");
+  auto results = runThreadRanks<std::pair<sf_status, std::string>>(2, [&](int r) {
+    if (r == 1) return std::make_pair(admittedButSilentPeer(1, rdv, 1000), std::string());
+    cudaSetDevice(0);
+    ContextHandle h;
+    sf_options o = rankOptions(0, 2, rdv, 1000);
+    if (sf_create(&o, &h.ctx) != SF_OK) return std::make_pair(SF_ERR_INTERNAL, std::string());
+    int64_t gid;
+    if (sf_add_gradient(h.ctx, 64, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) != SF_OK) {
+      return std::make_pair(SF_ERR_INTERNAL, std::string(sf_last_error()));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const sf_status st = sf_synchronize(h.ctx);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return std::make_pair(st, std::string(sf_last_error()) + (s < 10.0 ? "" : " (too late)"));
+  });
+  const std::string& m = results[0].second;
+  BOOST_TEST(results[0].first == SF_ERR_TIMEOUT, m);
   BOOST_TEST(m.find("ncclCommInitRankConfig") != std::string::npos, m);
   BOOST_TEST(m.find("timeout_ms = 1000") != std::string::npos, m);
-  BOOST_TEST(s < 10.0);
+  BOOST_TEST(m.find("too late") == std::string::npos, m);
+  BOOST_TEST(results[1].first == SF_ERR_TIMEOUT);  // its Gloo peer never came
 }
 
 BOOST_AUTO_TEST_CASE(rank_without_the_unique_id_times_out) {
+  // Rank 0 is admitted but never publishes the NCCL unique id.
   const std::string rdv = "memory://" + uniqueName("noid");
-  cudaSetDevice(1);
-  ContextHandle h;
-  sf_options o = rankOptions(1, 2, rdv, 500);
-  o.local_rank = 1;
-  BOOST_TEST_REQUIRE(sf_create(&o, &h.ctx) == SF_OK);
-  int64_t gid;
-  BOOST_TEST_REQUIRE(sf_add_gradient(h.ctx, 64, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) == SF_OK);
-  BOOST_TEST(sf_synchronize(h.ctx) == SF_ERR_TIMEOUT, sf_last_error());
-  BOOST_TEST(std::string(sf_last_error()).find("unique id") != std::string::npos, sf_last_error());
+  auto results = runThreadRanks<std::pair<sf_status, std::string>>(2, [&](int r) {
+    if (r == 0) return std::make_pair(admittedButSilentPeer(0, rdv, 500), std::string());
+    cudaSetDevice(1);
+    ContextHandle h;
+    sf_options o = rankOptions(1, 2, rdv, 500);
+    o.local_rank = 1;
+    if (sf_create(&o, &h.ctx) != SF_OK) return std::make_pair(SF_ERR_INTERNAL, std::string());
+    int64_t gid;
+    if (sf_add_gradient(h.ctx, 64, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) != SF_OK) {
+      return std::make_pair(SF_ERR_INTERNAL, std::string(sf_last_error()));
+    }
+    const sf_status st = sf_synchronize(h.ctx);
+    return std::make_pair(st, std::string(sf_last_error()));
+  });
+  BOOST_TEST(results[1].first == SF_ERR_TIMEOUT, results[1].second);
+  BOOST_TEST(results[1].second.find("unique id") != std::string::npos, results[1].second);
+}
+
+BOOST_AUTO_TEST_CASE(threads2_unique_id_travels_through_the_hosts_store) {
+  // host:// and sf_set_store: the NCCL unique id goes through the host's
+  // callbacks, under the context's prefix, and no other store is opened.
+  MapStore store;
+  auto results = runThreadRanks<std::string>(2, [&](int r) -> std::string {
+    cudaSetDevice(r);
+    ContextHandle h;
+    sf_options o = rankOptions(r, 2, "host://", 20000);
+    o.local_rank = r;
+    const sf_store s = store.handle();
+    if (sf_create(&o, &h.ctx) != SF_OK) return sf_last_error();
+    if (sf_set_store(h.ctx, &s, "nccljob") != SF_OK) return sf_last_error();
+    int64_t gid;
+    void* data = nullptr;
+    if (sf_add_gradient(h.ctx, 64, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) != SF_OK ||
+        sf_gradient_data(h.ctx, gid, &data) != SF_OK) {
+      return sf_last_error();
+    }
+    for (int64_t i = 0; i < 64; ++i) storeValue(data, i, SF_DTYPE_FLOAT32, double(r + 1) * double(i));
+    if (sf_synchronize(h.ctx) != SF_OK) return sf_last_error();
+    cudaDeviceSynchronize();
+    for (int64_t i = 0; i < 64; ++i) {
+      if (loadValue(data, i, SF_DTYPE_FLOAT32) != 1.5 * double(i)) return "wrong average";
+    }
+    return "ok";
+  });
+  BOOST_TEST(results[0] == "ok");
+  BOOST_TEST(results[1] == "ok");
+  BOOST_TEST(store.keysSet.count("nccljob/sfsync/nccl_unique_id") == 1u);
+  for (const auto& k : store.keysSet) BOOST_TEST(k.compare(0, 15, "nccljob/sfsync/") == 0, k);
 }
 
 BOOST_AUTO_TEST_CASE(threads2_layout_mismatch_over_nccl) {

@@ -7,7 +7,7 @@
 
 #include "plugin/backend/nccl/module_loader.h"
 #include "plugin/core/error.h"
-#include "plugin/rendezvous/store_factory.h"
+#include "plugin/rendezvous/rendezvous.h"
 
 namespace sfsync {
 
@@ -50,7 +50,8 @@ void checkNcclAvailable() {
   if (status != SF_OK) fail(status, std::string("nccl: ") + err.message);
 }
 
-NcclBackend::NcclBackend(const sf_options& opts) : opts_(opts), api_(ncclModule()) {
+NcclBackend::NcclBackend(const sf_options& opts, std::shared_ptr<Rendezvous> rendezvous)
+    : opts_(opts), rendezvous_(std::move(rendezvous)), api_(ncclModule()) {
   sfn_error err;
   int32_t cudaVersion = 0, ncclVersion = 0;
   check(api_.probe(&deviceCount_, &cudaVersion, &ncclVersion, &err), err);
@@ -132,7 +133,7 @@ void NcclBackend::connect() {
   if (opts_.rank == 0) check(api_.unique_id(id, &err), err);
   if (opts_.world_size > 1) {
     // The unique id travels through the same rendezvous as Gloo's.
-    store_ = openStore(opts_);
+    store_ = rendezvous_->store();
     try {
       if (opts_.rank == 0) {
         store_->set(kUniqueIdKey, std::vector<char>(id, id + SFN_UNIQUE_ID_BYTES));
@@ -210,6 +211,11 @@ void NcclBackend::zero(void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   sfn_error err;
   check(api_.mem_zero(device(), p, bytes, &err), err);
+}
+
+void NcclBackend::broadcast(void*, size_t, int) {
+  fail(SF_ERR_UNSUPPORTED, "sf_broadcast copies host memory, which needs the Gloo transport: "
+                           "with backend = nccl it is not available (use backend = auto)");
 }
 
 }  // namespace sfsync

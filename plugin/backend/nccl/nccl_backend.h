@@ -19,6 +19,8 @@ class Store;
 
 namespace sfsync {
 
+class Rendezvous;
+
 // Loads the module and probes for a GPU; throws SF_ERR_UNSUPPORTED saying
 // what is missing (sf_backend_available).
 void checkNcclAvailable();
@@ -27,7 +29,8 @@ class NcclBackend : public Backend {
  public:
   // Loads the module and checks that a GPU is visible: SF_ERR_UNSUPPORTED
   // (naming the missing library or the CUDA error) otherwise.
-  explicit NcclBackend(const sf_options& opts);
+  // `rendezvous` is the context's: the unique id travels through its store.
+  NcclBackend(const sf_options& opts, std::shared_ptr<Rendezvous> rendezvous);
   ~NcclBackend() override;
 
   const char* name() const override { return "nccl"; }
@@ -36,6 +39,8 @@ class NcclBackend : public Backend {
                                        ReduceSpec spec) override;
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
   void barrierQuietly() noexcept override;
+  // SF_ERR_UNSUPPORTED: sf_broadcast moves host memory, which is Gloo's.
+  void broadcast(void* data, size_t bytes, int root) override;
 
   void* allocate(size_t bytes) override;
   void deallocate(void* p) noexcept override;
@@ -55,6 +60,7 @@ class NcclBackend : public Backend {
   void check(int32_t status, const sfn_error& err) const;
 
   const sf_options opts_;
+  const std::shared_ptr<Rendezvous> rendezvous_;
   const sfn_api& api_;
   int32_t deviceCount_ = 0;
   std::mutex mutex_;
