@@ -94,7 +94,8 @@ def _log(level, message):
 
 class ReplicaMismatchError(RuntimeError):
     """Ranks hold different parameters (verify_every). ``name`` is the first
-    differing tensor, ``step`` the optimizer step (window) of the check."""
+    differing tensor, ``step`` the number of optimizer steps (windows) taken
+    when the weights compared were read."""
 
     def __init__(self, message, name=None, step=None):
         super().__init__(message)
@@ -257,8 +258,8 @@ class _Verifier:
             except sfsync.MismatchError:
                 hi = mid
         name = named[lo][0] if named else None
-        message = ("sfsync: replicas differ at optimizer step %d: the first differing tensor is "
-                   "%r (%s)" % (step, name, first))
+        message = ("sfsync: replicas differ after optimizer step %d: the first differing tensor "
+                   "is %r (%s)" % (step, name, first))
         _log(sfsync.LOG_WARN, message)
         raise ReplicaMismatchError(message, name, step)
 
@@ -884,8 +885,8 @@ class ReplicaCheck:
             check = me()
             if check is not None and torch.is_grad_enabled():
                 check.forwards += 1
-                if check.forwards % check.every == 0:
-                    check._verifier.check(check.forwards)
+                if check.forwards % check.every == 0:  # the weights after forwards - 1 steps
+                    check._verifier.check(check.forwards - 1)
         self._handle = module.register_forward_pre_hook(hook)
 
     def close(self):

@@ -184,6 +184,8 @@ def run_wrong_n(rank, args):
                 first_diff = step
     except sft.ReplicaMismatchError as e:
         checked_after = step - 1  # the weights compared are those after step - 1
+        if e.step != checked_after:
+            return ["ReplicaMismatchError.step = %s, expected %d" % (e.step, checked_after)]
         say(rank, "ReplicaMismatchError at step %d (weights first differed after step %s): %s"
             % (step, first_diff, e))
         if first_diff is None or not first_diff <= checked_after < first_diff + args.verify_every:
