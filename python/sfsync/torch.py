@@ -212,8 +212,29 @@ def _broadcast_tensors(ctx, tensors, root=0):
 
 
 def _digest(t, seed=0):
-    v = _bytes_view(t)
-    return sfsync.digest(v, seed) if v.numel() else seed
+    """sf_digest of a tensor's bytes (a contiguous CPU tensor directly)."""
+    t = t.detach()
+    if t.is_cuda or not t.is_contiguous():
+        t = t.contiguous().cpu()
+    nbytes = t.numel() * t.element_size()
+    if not nbytes:
+        return seed
+    out = ctypes.c_uint64()
+    sfsync.lib().sf_digest(t.data_ptr(), nbytes, seed, ctypes.byref(out))
+    return out.value
+
+
+def _chain(values):
+    """The digests of each prefix of ``values`` (64-bit ints), chained."""
+    lib = sfsync.lib()
+    word, out, acc = ctypes.c_uint64(), ctypes.c_uint64(), 0
+    prefix = []
+    for v in values:
+        word.value = v
+        lib.sf_digest(ctypes.addressof(word), 8, acc, ctypes.byref(out))
+        acc = out.value
+        prefix.append(acc)
+    return prefix
 
 
 class _Verifier:
@@ -232,12 +253,8 @@ class _Verifier:
         if self.ctx.options()["world_size"] == 1:
             return  # one replica: nothing to compare, nothing to pay
         named = self.named()
-        digests = []
-        chain = 0
-        for _, t in named:
-            d = _digest(t)
-            digests.append(d)
-            chain = sfsync.digest(ctypes.c_uint64(d), chain, 8)
+        prefix = _chain([_digest(t) for _, t in named])
+        chain = prefix[-1] if prefix else 0
         try:
             self.ctx.check_replicas(chain)
             _log(sfsync.LOG_TRACE, "step %d: replicas agree (%d tensors)" % (step, len(named)))
@@ -245,11 +262,6 @@ class _Verifier:
         except sfsync.MismatchError as e:
             first = e.message
         lo, hi = 0, len(named) - 1  # the first i whose prefix 0..i differs
-        prefix = [0] * len(named)
-        acc = 0
-        for i, d in enumerate(digests):
-            acc = sfsync.digest(ctypes.c_uint64(d), acc, 8)
-            prefix[i] = acc
         while lo < hi:
             mid = (lo + hi) // 2
             try:
