@@ -211,6 +211,29 @@ class Verify(unittest.TestCase):
             sync.verify()
 
 
+class Logging(unittest.TestCase):
+    def test_package_messages_go_through_sfsyncs_logger(self):
+        """SF_DEBUG=INFO: the package's lines have the library's shape
+        (sfsync <host>:<pid>:<rank> <LEVEL> <subsystem> message); silent at
+        the default WARN."""
+        import subprocess
+        code = ("import torch; from sfsync import torch as sft; "
+                "sft.GradientSync(torch.nn.Linear(3, 2), accumulation_steps=2, rank=0, "
+                "world_size=1, rendezvous='')")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env.pop("SF_DEBUG", None)
+        quiet = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                               text=True)
+        self.assertEqual(quiet.returncode, 0, quiet.stderr)
+        self.assertNotIn("GradientSync", quiet.stderr)
+        env["SF_DEBUG"] = "INFO"
+        loud = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True)
+        self.assertEqual(loud.returncode, 0, loud.stderr)
+        self.assertRegex(loud.stderr, r"(?m)^sfsync \S+:\d+:\S+ INFO torch GradientSync: 2 "
+                         r"parameters \(32 bytes\), accumulation_steps=2, rank 0/1$")
+
+
 class TwoRanksAsThreads(unittest.TestCase):
     """memory:// rendezvous: both ranks are threads of this process."""
 
