@@ -25,8 +25,9 @@ sync.accumulate():`` around forward and backward of micro-batches 1..N-1;
 digest of their parameters (``verify_buffers=True``: and buffers) with one
 8-byte collective, and a mismatch raises ``ReplicaMismatchError`` on every
 rank naming the first differing tensor (found by a second round). A check
-costs one pass over the weights' bytes (about 1 ms per 10 MB here) plus one
-small collective; K = 100 costs nothing measurable, K = 1 is for debugging.
+costs one pass over the weights' bytes (1-3 ms per 10 MB measured here) plus
+one small collective; K = 100 costs nothing measurable, K = 1 is for
+debugging.
 
 Where sfsync meets its peers (the rule, see ``make_context``):
 
