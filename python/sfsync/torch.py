@@ -552,7 +552,7 @@ class GradientSync:
             self.context.grad_ready(self._mask_id)
         self._passes += 1
         if self.accumulation_steps and self._passes >= self.accumulation_steps:
-            self.synchronize()
+            self._synchronize()
 
     # -- per window
 
@@ -597,8 +597,17 @@ class GradientSync:
                            "attached it: attach again")
 
     def synchronize(self):
-        """Reduce what the window accumulated (every rank then holds the same
-        averaged gradient); with accumulation_steps it is called for you."""
+        """Explicit windows: reduce what the window accumulated (every rank
+        then holds the same averaged gradient); call before optimizer.step().
+        With accumulation_steps the last pass of each window does it."""
+        if self.accumulation_steps:
+            raise RuntimeError("GradientSync(accumulation_steps=%d) synchronizes at the end of "
+                               "every %d-th backward pass itself: do not call synchronize(); "
+                               "step when is_step() is True" % (self.accumulation_steps,
+                                                                 self.accumulation_steps))
+        self._synchronize()
+
+    def _synchronize(self):
         self._check_layout()
         for p, view, name in zip(self.params, self._views, self.names):
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():

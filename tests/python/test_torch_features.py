@@ -110,6 +110,9 @@ class Counting(unittest.TestCase):
         with sft.GradientSync(model, accumulation_steps=2, **LOCAL) as sync:
             with self.assertRaisesRegex(RuntimeError, "opens and closes windows itself"):
                 sync.accumulate()
+            with self.assertRaisesRegex(RuntimeError, r"do not call synchronize\(\)"):
+                sync.synchronize()
+            self.assertFalse(sync.is_step())
         for bad in (0, -1, 2.5, "4"):
             with self.assertRaisesRegex(ValueError, "accumulation_steps must be an integer"):
                 sft.GradientSync(Net(), accumulation_steps=bad, **LOCAL)
