@@ -471,8 +471,9 @@ SF_API sf_status sf_set_store(sf_context* ctx, const sf_store* store, const char
  *    every rank of the job (sf_connect re-reads the claims after connecting
  *    and agrees on the result with one 8-byte collective);
  *  - SF_ERR_BACKEND: the store or the transport failed.
- * With backend = nccl the transport is NCCL's (the communicator is made
- * here); with an adopted communicator no store is used at all.
+ * The transport connected is Gloo's, or NCCL's with backend = nccl (the
+ * communicator is made here, or the adopted one used: then no store is
+ * opened at all).
  */
 SF_API sf_status sf_connect(sf_context* ctx);
 

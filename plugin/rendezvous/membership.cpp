@@ -96,8 +96,18 @@ Membership::Membership(const sf_options& opts, std::string where)
 }
 
 void Membership::join(gloo::rendezvous::Store& store) {
-  storeCall("rank " + std::to_string(opts_.rank) + " could not publish its claim in " + where_,
-            [&] { store.set(joinKey(opts_.rank), bytesOf(claim_)); });
+  const std::string me = "rank " + std::to_string(opts_.rank);
+  try {
+    storeCall(me + " could not publish its claim in " + where_,
+              [&] { store.set(joinKey(opts_.rank), bytesOf(claim_)); });
+  } catch (const Error& e) {
+    // A store whose keys are written once refuses a second claim itself.
+    if (e.status() != SF_ERR_MISMATCH) throw;
+    fail(SF_ERR_MISMATCH, me + " is claimed by two processes: " + where_ +
+                              " already holds a claim for it (this one is '" + claim_ +
+                              "'; check RANK and the launcher, or a rendezvous reused from an "
+                              "earlier job): " + e.what());
+  }
   if (opts_.rank == 0) {
     joinAsRoot(store);
   } else {
@@ -191,7 +201,8 @@ void Membership::joinAsPeer(gloo::rendezvous::Store& store) {
     } catch (...) {
     }
     fail(SF_ERR_MISMATCH, me + " is claimed by two processes: rank 0 admitted '" + listedClaim +
-                              "', this one is '" + claim_ + "' (check RANK and the launcher)");
+                              "', this one is '" + claim_ + "' (check RANK and the launcher, or a "
+                              "rendezvous or store prefix reused from an earlier job)");
   }
 }
 

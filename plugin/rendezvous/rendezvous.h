@@ -40,9 +40,6 @@ class Rendezvous {
   // (Membership::recheck), also when the store was never opened.
   std::string recheck();
 
-  // Whether store() was called (the host's store can no longer be set).
-  bool opened() const;
-
  private:
   const sf_options opts_;
   mutable std::mutex mutex_;

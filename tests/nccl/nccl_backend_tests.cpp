@@ -534,13 +534,17 @@ BOOST_AUTO_TEST_CASE(failed_communicator_creation_is_reported) {
   BOOST_TEST(m.find("unhandled cuda error") != std::string::npos, m);
 }
 
-// A peer that is admitted (sf_connect: claims and roster through the store)
-// but never takes part in NCCL: it only connects Gloo, and times out there.
-sf_status admittedButSilentPeer(int rank, const std::string& rdv, int64_t timeoutMs) {
+// A peer that is admitted (sf_connect: claims and roster through the host's
+// store) but never takes part in NCCL: it only connects Gloo, and times out
+// there (the host store bounds Gloo's waits by timeout_ms).
+sf_status admittedButSilentPeer(int rank, MapStore& store, int64_t timeoutMs) {
   ContextHandle h;
-  sf_options o = rankOptions(rank, 2, rdv, timeoutMs);
+  sf_options o = rankOptions(rank, 2, "host://", timeoutMs);
   o.backend = SF_BACKEND_GLOO;
-  if (sf_create(&o, &h.ctx) != SF_OK) return SF_ERR_INTERNAL;
+  const sf_store s = store.handle();
+  if (sf_create(&o, &h.ctx) != SF_OK || sf_set_store(h.ctx, &s, "job") != SF_OK) {
+    return SF_ERR_INTERNAL;
+  }
   return sf_connect(h.ctx);
 }
 
@@ -549,21 +553,24 @@ BOOST_AUTO_TEST_CASE(threads2_missing_peer_at_communicator_creation_times_out) {
   // the unique id and waits in the non-blocking ncclCommInitRankConfig.
   // (A peer missing altogether is caught earlier, at admission: see
   // connect_tests and host_store_tests.)
-  const std::string rdv = "memory://" + uniqueName("initto");
+  MapStore store;
   auto results = runThreadRanks<std::pair<sf_status, std::string>>(2, [&](int r) {
-    if (r == 1) return std::make_pair(admittedButSilentPeer(1, rdv, 1000), std::string());
+    if (r == 1) return std::make_pair(admittedButSilentPeer(1, store, 1000), std::string());
     cudaSetDevice(0);
     ContextHandle h;
-    sf_options o = rankOptions(0, 2, rdv, 1000);
-    if (sf_create(&o, &h.ctx) != SF_OK) return std::make_pair(SF_ERR_INTERNAL, std::string());
+    sf_options o = rankOptions(0, 2, "host://", 1000);
+    const sf_store s = store.handle();
+    if (sf_create(&o, &h.ctx) != SF_OK || sf_set_store(h.ctx, &s, "job") != SF_OK) {
+      return std::make_pair(SF_ERR_INTERNAL, std::string());
+    }
     int64_t gid;
     if (sf_add_gradient(h.ctx, 64, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) != SF_OK) {
       return std::make_pair(SF_ERR_INTERNAL, std::string(sf_last_error()));
     }
     const auto t0 = std::chrono::steady_clock::now();
     const sf_status st = sf_synchronize(h.ctx);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return std::make_pair(st, std::string(sf_last_error()) + (s < 10.0 ? "" : " (too late)"));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return std::make_pair(st, std::string(sf_last_error()) + (secs < 10.0 ? "" : " (too late)"));
   });
   const std::string& m = results[0].second;
   BOOST_TEST(results[0].first == SF_ERR_TIMEOUT, m);
@@ -575,14 +582,17 @@ BOOST_AUTO_TEST_CASE(threads2_missing_peer_at_communicator_creation_times_out) {
 
 BOOST_AUTO_TEST_CASE(rank_without_the_unique_id_times_out) {
   // Rank 0 is admitted but never publishes the NCCL unique id.
-  const std::string rdv = "memory://" + uniqueName("noid");
+  MapStore store;
   auto results = runThreadRanks<std::pair<sf_status, std::string>>(2, [&](int r) {
-    if (r == 0) return std::make_pair(admittedButSilentPeer(0, rdv, 500), std::string());
+    if (r == 0) return std::make_pair(admittedButSilentPeer(0, store, 500), std::string());
     cudaSetDevice(1);
     ContextHandle h;
-    sf_options o = rankOptions(1, 2, rdv, 500);
+    sf_options o = rankOptions(1, 2, "host://", 500);
     o.local_rank = 1;
-    if (sf_create(&o, &h.ctx) != SF_OK) return std::make_pair(SF_ERR_INTERNAL, std::string());
+    const sf_store s = store.handle();
+    if (sf_create(&o, &h.ctx) != SF_OK || sf_set_store(h.ctx, &s, "job") != SF_OK) {
+      return std::make_pair(SF_ERR_INTERNAL, std::string());
+    }
     int64_t gid;
     if (sf_add_gradient(h.ctx, 64, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) != SF_OK) {
       return std::make_pair(SF_ERR_INTERNAL, std::string(sf_last_error()));
