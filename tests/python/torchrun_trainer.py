@@ -1,8 +1,10 @@
 """A PyTorch trainer as torchrun runs it, with each way to use sfsync
 (run by run_torchrun.py under `python3 -m torch.distributed.run`).
 
-    --variant gradsync   dist.init_process_group("gloo"); GradientSync(model, accumulation_steps=N)
-    --variant attach     dist.init_process_group("gloo"); DDP(model) + sfsync.torch.attach(ddp, N)
+    --variant gradsync   dist.init_process_group("gloo"); GradientSync(model, accumulation_steps=N,
+                         verify_every=2)
+    --variant attach     dist.init_process_group("gloo"); DDP(model) + sfsync.torch.attach(ddp, N,
+                         verify_every=2) (equal replicas pass every check)
     --variant shim       dist.init_process_group("gloo"); plain DDP stepping every N passes,
                          no no_sync(): the preloaded shim with SF_ACCUMULATION_STEPS=N defers
     --variant nodist     no torch.distributed at all: GradientSync meets through torchrun's store
@@ -117,10 +119,10 @@ def run_variant(rank, args):
     model = make_net(rank)
     sync, module, steps_seen = None, model, []
     if args.variant in ("gradsync", "nodist"):
-        sync = sft.GradientSync(model, accumulation_steps=n)
+        sync = sft.GradientSync(model, accumulation_steps=n, verify_every=2, verify_buffers=False)
     elif args.variant == "attach":
         module = DDP(model, find_unused_parameters=True)
-        sync = sft.attach(module, accumulation_steps=n)
+        sync = sft.attach(module, accumulation_steps=n, verify_every=2)
     elif args.variant == "shim":
         module = DDP(model, find_unused_parameters=True)
     opt = optimizer(module.parameters())
@@ -138,7 +140,10 @@ def run_variant(rank, args):
                 opt.step()
                 opt.zero_grad()
         per_window.append(wchar() - before)
-    if sync is not None and args.variant != "attach":
+    if sync is not None and sync._verifier.checks != (args.windows - 1) // 2:
+        raise AssertionError("verify_every=2: %d replica checks in %d windows, expected %d"
+                             % (sync._verifier.checks, args.windows, (args.windows - 1) // 2))
+    if sync is not None:
         steps_expected = [w * n + n - 1 for w in range(args.windows)]
         if steps_seen != steps_expected:
             raise AssertionError("is_step() at passes %s, expected %s" % (steps_seen,
