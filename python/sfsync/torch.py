@@ -877,6 +877,8 @@ def attach(ddp_model, accumulation_steps=None, **kwargs):
     same weights as DDP with a correct ``no_sync()``); the loop is
     ``loss.backward(); if sync.is_step(): opt.step(); opt.zero_grad()``.
     Without it, ``with sync.accumulate():`` marks the local micro-batches.
+    Do not also use DDP's own ``no_sync()`` with ``accumulation_steps``: DDP
+    calls no hook inside it, so those passes would not be counted.
     ``verify_every=K`` (and ``verify_buffers``) as GradientSync's. Other
     keyword arguments go to ``make_context``.
     """
