@@ -847,7 +847,7 @@ class Context:
                 set_fn(key.decode(), ctypes.string_at(value, nbytes) if nbytes else b"")
                 return STORE_OK
             except Exception as e:  # noqa: BLE001 - no exception may cross into C
-                log(LOG_WARN, "store set %r failed: %s" % (key, e), "store")
+                log(LOG_WARN, "the host store's set(%r) failed: %s" % (key, e), "python")
                 return STORE_ERROR
 
         def c_get(user, key, timeout_ms, buffer, capacity, out_bytes):
@@ -871,7 +871,7 @@ class Context:
             except Exception as e:  # noqa: BLE001
                 if "timeout" in str(e).lower() or "timed out" in str(e).lower():
                     return STORE_TIMEOUT
-                log(LOG_WARN, "store get %r failed: %s" % (name, e), "store")
+                log(LOG_WARN, "the host store's get(%r) failed: %s" % (name, e), "python")
                 return STORE_ERROR
 
         store = Store()

@@ -167,7 +167,7 @@ def make_context(store=None, prefix=None, **options):
     try:
         if store is not None:
             if prefix is None:
-                prefix = "sfsync/ctx%d/" % next(_contexts)
+                prefix = "sfsync/ctx%d" % next(_contexts)
             set_fn, get_fn = _torch_store_callbacks(store)
             ctx.set_store(set_fn, get_fn, prefix)
         o = ctx.options()

@@ -639,6 +639,111 @@ class StatsAndBuffers(unittest.TestCase):
         self.assertIn(d2.in_accumulation(), (True, False))
 
 
+class DictStore:
+    """A key-value store in this process (a dict and a condition): what a host
+    hands to Context.set_store, here for ranks that are threads."""
+
+    def __init__(self):
+        self.data = {}
+        self.cond = threading.Condition()
+        self.sets = 0
+
+    def set(self, key, value):
+        with self.cond:
+            self.data[key] = bytes(value)
+            self.sets += 1
+            self.cond.notify_all()
+
+    def get(self, key, timeout_ms):
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, timeout_ms / 1000.0):
+                raise TimeoutError(key)
+            return self.data[key]
+
+
+class HostStoreFromPython(unittest.TestCase):
+    """Context.set_store with Python callables (called from sfsync's threads,
+    ctypes taking the GIL), connect, broadcast and the replica check."""
+
+    def run_ranks(self, body, store, world=2, prefix="job", timeout_ms=20000):
+        results, errors = [None] * world, [None] * world
+
+        def run(rank):
+            try:
+                with sfsync.Context(rank=rank, world_size=world, rendezvous="host://",
+                                    timeout_ms=timeout_ms) as ctx:
+                    ctx.set_store(store.set, store.get, prefix)
+                    results[rank] = body(ctx, rank)
+            except BaseException as e:  # noqa: B902
+                errors[rank] = e
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertFalse(any(t.is_alive() for t in threads), "a rank hung")
+        return results, errors
+
+    def test_connect_broadcast_and_check(self):
+        store = DictStore()
+
+        def body(ctx, rank):
+            ctx.connect()
+            buf = np.full(100000, rank + 1, dtype=np.float32)  # 400 KB: a large value path
+            ctx.broadcast(buf, root=1)
+            same = sfsync.digest(buf)
+            ctx.check_replicas(same)
+            try:
+                ctx.check_replicas(rank)  # rank 1 differs
+                mismatch = None
+            except sfsync.MismatchError as e:
+                mismatch = str(e)
+            return buf[[0, -1]].tolist(), mismatch
+        results, errors = self.run_ranks(body, store)
+        self.assertEqual(errors, [None, None])
+        for rank in (0, 1):
+            self.assertEqual(results[rank][0], [2.0, 2.0])  # rank 1's values everywhere
+            self.assertRegex(results[rank][1], r"sf_check_replicas: .*rank 1")
+        self.assertGreater(store.sets, 0)
+        self.assertTrue(all(k.startswith("job") for k in store.data), list(store.data))
+
+    def test_store_errors_become_statuses(self):
+        """A get callback that raises (not a timeout) is a store error: the
+        exception does not cross into C, connect fails naming the key."""
+        class Broken(DictStore):
+            def get(self, key, timeout_ms):
+                raise KeyError("the store lost %s" % key)
+
+        def body(ctx, rank):
+            ctx.connect()
+        results, errors = self.run_ranks(body, Broken(), timeout_ms=3000)
+        for e in errors:
+            self.assertIsInstance(e, sfsync.SfError)
+            self.assertIn("sf_connect", str(e))
+
+    def test_a_missing_peer_times_out(self):
+        store = DictStore()
+
+        def body(ctx, rank):
+            if rank == 0:
+                ctx.connect()
+        import time
+        t0 = time.monotonic()
+        results, errors = self.run_ranks(body, store, timeout_ms=1000)
+        self.assertIsInstance(errors[0], (sfsync.SfTimeoutError, sfsync.BackendError))
+        self.assertIsNone(errors[1])
+        self.assertLess(time.monotonic() - t0, 1.0 + 10.0)
+
+    def test_set_store_arguments(self):
+        with sfsync.Context(rank=0, world_size=1, rendezvous="") as ctx:
+            store = sfsync.Store()
+            sfsync.lib().sf_store_init(ctypes.byref(store), ctypes.sizeof(store))
+            with self.assertRaisesRegex(sfsync.InvalidArgumentError, r"store->set is NULL"):
+                sfsync.lib().sf_set_store(ctx.handle, ctypes.byref(store), None)
+            with self.assertRaisesRegex(sfsync.InvalidArgumentError, "struct_size"):
+                sfsync.lib().sf_store_init(ctypes.byref(store), 8)
+
+
 class TwoRanksInOneProcess(unittest.TestCase):
     """Two contexts on threads meeting through a memory:// store (ctypes
     releases the GIL during each call, so the threads really run together)."""
