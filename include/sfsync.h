@@ -422,7 +422,9 @@ typedef struct sf_store {
    *  never more than the context's timeout_ms) for `key`, then write its
    *  size to *bytes and, if it fits in `capacity`, its value to `buffer`.
    *  A value larger than `capacity` is not an error: sfsync calls again with
-   *  a buffer of the reported size. */
+   *  a buffer of the reported size. Must return by timeout_ms (sfsync cannot
+   *  interrupt a callback, so a get that never returns is a wait that never
+   *  ends); 0 means "look, do not wait". */
   int32_t (*get)(void* user, const char* key, int64_t timeout_ms, void* buffer,
                  uint64_t capacity, uint64_t* bytes);
 } sf_store;

@@ -6,6 +6,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -136,6 +137,18 @@ BOOST_AUTO_TEST_CASE(two_contexts_with_different_prefixes_share_one_store) {
   }
   BOOST_TEST(a == b);  // the same keys for each job
   BOOST_TEST(a >= 5);
+}
+
+BOOST_AUTO_TEST_CASE(forever_timeouts_do_not_overflow_2_thread_ranks) {
+  // 2^40 ms (~35 years, what 0.2 clamps "forever" values to): deadlines
+  // computed from it must not overflow the clock and expire at once.
+  MapStore store;
+  const int64_t forever = int64_t(1) << 40;
+  auto runs = runThreadRanks<SyncRun>(
+      2, [&](int r) { return syncRank(r, 2, "host://", &store, "forever", forever); });
+  checkAverages(runs, 2);
+  BOOST_TEST(store.largestTimeoutMs.load() > forever / 2);  // passed on to the host
+  BOOST_TEST(store.largestTimeoutMs.load() <= forever);
 }
 
 BOOST_AUTO_TEST_CASE(missing_rank_times_out_within_timeout_plus_slack_naming_it) {

@@ -52,6 +52,13 @@ std::string waitGet(gloo::rendezvous::Store& store, const std::string& key, mill
   });
 }
 
+// timeout_ms as a duration that cannot overflow the clock ("forever" values
+// such as INT64_MAX become about 100 years).
+milliseconds bounded(int64_t timeoutMs) {
+  constexpr int64_t kMaxMs = int64_t(100) * 365 * 24 * 3600 * 1000;
+  return milliseconds(std::min<int64_t>(std::max<int64_t>(timeoutMs, 0), kMaxMs));
+}
+
 milliseconds left(Clock::time_point deadline) {
   return std::max(milliseconds(0),
                   std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
@@ -119,7 +126,7 @@ void Membership::join(gloo::rendezvous::Store& store) {
 
 void Membership::joinAsRoot(gloo::rendezvous::Store& store) {
   const int world = opts_.world_size;
-  const auto deadline = Clock::now() + milliseconds(opts_.timeout_ms);
+  const auto deadline = Clock::now() + bounded(opts_.timeout_ms);
   std::vector<std::string> claims{claim_};
   sf_status status = SF_OK;
   std::string error;
@@ -173,7 +180,7 @@ void Membership::joinAsRoot(gloo::rendezvous::Store& store) {
 
 void Membership::joinAsPeer(gloo::rendezvous::Store& store) {
   const std::string me = "rank " + std::to_string(opts_.rank);
-  roster_ = waitGet(store, kRosterKey, milliseconds(opts_.timeout_ms),
+  roster_ = waitGet(store, kRosterKey, bounded(opts_.timeout_ms),
                     me + " did not receive rank 0's roster from " + where_ + " within timeout_ms = " +
                         std::to_string(opts_.timeout_ms) + " (is rank 0 running, with the same "
                         "rendezvous?)");
