@@ -144,8 +144,11 @@ def _agent_store():
 
 def make_context(store=None, prefix=None, **options):
     """An sfsync.Context for this process, meeting its peers by the rule in
-    the module docstring. ``store``: a c10d store to use instead (then
-    ``prefix`` is its key prefix, the same on every rank). ``options``:
+    the module docstring. ``store``: a c10d store to use instead. ``prefix``:
+    the context's key prefix in the store, the same on every rank; by default
+    ``sfsync/ctx<k>`` for the k-th context made here, so ranks must make their
+    contexts (GradientSync, attach, ReplicaCheck) in the same order, else pass
+    ``prefix=`` (GradientSync and attach forward it). ``options``:
     sf_options fields (rank, world_size, timeout_ms, ...); with
     torch.distributed initialized, rank and world_size default to its own."""
     dist = _dist()
