@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_common as common
 import sfsync
-import sfsync_torch
+from sfsync import torch as sfsync_torch
 
 VARIANTS = ("sfsync", "ddp_fwd_bwd", "ddp_bwd_only", "ddp_fp16", "sfsync_bf16", "sfsync_fp16",
             "sfsync_lanes1", "ddp_same_cap")

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_common as common
 import sfsync
-import sfsync_torch
+from sfsync import torch as sfsync_torch
 
 
 def parse_args(argv=None):
@@ -104,10 +104,12 @@ def main(argv=None):
     n_params = sum(1 for _ in base.parameters())
     grad_bytes = common.gradient_bytes(base)
 
-    # sfsync: options from the environment (RANK, WORLD_SIZE, MASTER_ADDR -> env://).
+    # sfsync meets through torch.distributed's store (initialized above). Every
+    # parameter is used: no "used" mask, so the bytes are the gradient's alone.
     sync = sfsync_torch.GradientSync(sf_model, flat_buffer=not args.register,
                                      hooks=not args.no_hooks, bucket_cap_mb=args.bucket_cap_mb,
-                                     first_bucket_cap_mb=args.first_bucket_cap_mb)
+                                     first_bucket_cap_mb=args.first_bucket_cap_mb,
+                                     find_unused_parameters=False)
     buckets = sync.buckets()
     n_buckets = len(buckets)
     opts = sync.context.options()

@@ -1,7 +1,7 @@
-"""Tests of the PyTorch integration (sfsync_torch.py) on one rank, plus two
+"""Tests of the PyTorch integration (sfsync.torch) on one rank, plus two
 ranks as threads of this process (memory:// rendezvous).
 
-    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 samples/python/test_sfsync_torch.py
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_torch_single.py
 """
 
 import os
@@ -10,14 +10,18 @@ import threading
 import unittest
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
+    sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
 
 import torch  # noqa: E402
 
 import sfsync  # noqa: E402
-import sfsync_torch  # noqa: E402
+from sfsync import torch as sfsync_torch  # noqa: E402
 
 LOCAL = dict(rank=0, world_size=1, rendezvous="")
+# Without the "used" mask gradient: the counts below are the parameters' alone.
+PLAIN = dict(LOCAL, find_unused_parameters=False)
 
 
 def mlp(seed=0, dtype=torch.float32):
@@ -38,7 +42,7 @@ def grads_of(model):
 class FlatBufferViews(unittest.TestCase):
     def test_grads_are_views_into_the_flat_buffer(self):
         model = mlp()
-        with sfsync_torch.GradientSync(model, **LOCAL) as sync:
+        with sfsync_torch.GradientSync(model, **PLAIN) as sync:
             for gid, p in zip(sync._ids, model.parameters()):
                 self.assertEqual(p.grad.data_ptr(), sync.context.gradient_data(gid))
                 self.assertEqual(p.grad.shape, p.shape)
@@ -51,7 +55,7 @@ class FlatBufferViews(unittest.TestCase):
         """torch 1.13 adds into a preassigned .grad in place (no new tensor),
         so micro-batch gradients sum inside the plugin's buffer."""
         model, twin = mlp(), mlp()
-        with sfsync_torch.GradientSync(model, **LOCAL) as sync:
+        with sfsync_torch.GradientSync(model, **PLAIN) as sync:
             ptrs = [p.grad.data_ptr() for p in model.parameters()]
             with sync.accumulate():
                 for i in range(3):
@@ -73,7 +77,7 @@ class FlatBufferViews(unittest.TestCase):
         model = mlp()
         # Tiny caps: one bucket per parameter, so each hook can launch one.
         with sfsync_torch.GradientSync(model, bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6,
-                                       reduce_op="prescaled_sum", prescale=0.5, **LOCAL) as sync:
+                                       reduce_op="prescaled_sum", prescale=0.5, **PLAIN) as sync:
             self.assertEqual(len(sync.buckets()), 4)
             with sync.accumulate():
                 model(data(0)).sum().backward()
@@ -124,34 +128,56 @@ class FlatBufferViews(unittest.TestCase):
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
             self.assertEqual(sync.stats()["windows_completed"], 3)
 
-    def test_grad_set_to_none_fails_loudly_and_zero_grad_reattaches(self):
-        model = mlp()
+    def test_grad_set_to_none_between_windows_is_reattached(self):
+        """zero_grad(set_to_none=True) (torch 2's default) between windows:
+        the next window starts from zero in the plugin's buffer again."""
+        model, twin = mlp(), mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        topt = torch.optim.SGD(twin.parameters(), lr=0.1)
         with sfsync_torch.GradientSync(model, **LOCAL) as sync:
-            opt.zero_grad(set_to_none=True)
-            # The first hook to run (the last layer's) finds a fresh .grad.
-            with self.assertRaisesRegex(RuntimeError, r"2\.bias\.grad is no longer the buffer "
-                                        r"registered with sfsync \(it is another tensor"):
+            for window in range(3):
                 with sync.accumulate():
-                    model(data(0)).sum().backward()
-            opt.zero_grad(set_to_none=True)
+                    model(data(2 * window)).sum().backward()
+                model(data(2 * window + 1)).sum().backward()
+                sync.synchronize()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                for i in (2 * window, 2 * window + 1):
+                    twin(data(i)).sum().backward()
+                topt.step()
+                topt.zero_grad(set_to_none=True)
+            for gid, p in zip(sync._ids, model.parameters()):
+                self.assertIsNone(p.grad)
+            model(data(0)).sum().backward()  # re-attached by the forward
+            for gid, p in zip(sync._ids, model.parameters()):
+                self.assertEqual(p.grad.data_ptr(), sync.context.gradient_data(gid))
+            sync.synchronize()
+            for a, b in zip(model.parameters(), twin.parameters()):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+    def test_grad_replaced_inside_a_window_fails_loudly(self):
+        model = mlp()
+        with sfsync_torch.GradientSync(model, **LOCAL) as sync:
+            with sync.accumulate():
+                model(data(0)).sum().backward()
+                model[2].bias.grad = torch.zeros(3)
+                with self.assertRaisesRegex(RuntimeError, r"2\.bias\.grad is no longer the "
+                                            r"buffer registered with sfsync \(it is another tensor"):
+                    model(data(1)).sum().backward()
+            model[0].weight.grad = None
             with self.assertRaisesRegex(RuntimeError, r"0\.weight\.grad .*\(it is None"):
                 sync.synchronize()
             self.assertEqual(sync.stats()["collectives_issued"], 0)
             sync.zero_grad()
             for gid, p in zip(sync._ids, model.parameters()):
                 self.assertEqual(p.grad.data_ptr(), sync.context.gradient_data(gid))
-            with sync.accumulate():
-                model(data(0)).sum().backward()
-            model(data(1)).sum().backward()
-            sync.synchronize()
 
     def test_two_backwards_outside_a_window_fail_loudly(self):
         """Forgetting accumulate(): the second backward re-reports gradients
         whose buckets may be in flight. The hook raises the plugin's
         InvalidStateError out of backward(), naming the gradient."""
         model = mlp()
-        with sfsync_torch.GradientSync(model, **LOCAL) as sync:
+        with sfsync_torch.GradientSync(model, **PLAIN) as sync:
             model(data(0)).sum().backward()
             with self.assertRaisesRegex(sfsync.InvalidStateError,
                                         r"^sf_grad_ready: gradient 3 \('2\.bias'\) was already "
@@ -209,7 +235,7 @@ class FlatBufferViews(unittest.TestCase):
         for dtype in (torch.float16, torch.bfloat16, torch.float64):
             model = Scale(dtype)
             x = torch.linspace(0.5, 2, 7).to(dtype)
-            with sfsync_torch.GradientSync(model, **LOCAL) as sync:
+            with sfsync_torch.GradientSync(model, **PLAIN) as sync:
                 self.assertEqual(sync.stats()["gradient_bytes"], 7 * model.weight.element_size())
                 with sync.accumulate():
                     model(x).backward()

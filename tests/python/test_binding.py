@@ -1,6 +1,7 @@
-"""Tests of the ctypes binding (sfsync.py) against the C ABI.
+"""Tests of the package's ctypes binding (python/sfsync) against the C ABI: every
+function's prototype and every struct layout checked against include/sfsync.h.
 
-    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 samples/python/test_binding.py -v
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_binding.py -v
 
 Needs only the standard library and numpy. The layout test compares the
 ctypes structs with the C compiler's view of include/sfsync.h: it runs the
@@ -23,7 +24,8 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, HERE)
+if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
+    sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
 
 import numpy as np  # noqa: E402
 
@@ -50,6 +52,52 @@ class HeaderCoverage(unittest.TestCase):
         declared = set(re.findall(r"SF_API\s+[\w\s\*]+?\b(sf_\w+)\s*\(", header_text()))
         self.assertGreaterEqual(len(declared), 24)
         self.assertEqual(declared, set(sfsync.FUNCTIONS))
+
+    def test_prototypes_match_header(self):
+        """Every bound function's restype and argtypes are the C types the
+        header declares, parameter by parameter (a ctypes mirror cannot be
+        checked by the compiler: this is that check)."""
+        c = ctypes
+        scalar = {"int32_t": c.c_int32, "sf_status": c.c_int32, "sf_dtype": c.c_int32,
+                  "sf_device": c.c_int32, "sf_backend": c.c_int32, "sf_reduce_op": c.c_int32,
+                  "int64_t": c.c_int64, "uint64_t": c.c_uint64, "double": c.c_double,
+                  "void": None}
+        pointers = {"void*": c.c_void_p, "const void*": c.c_void_p, "const char*": c.c_char_p,
+                    "sf_context*": sfsync._ContextPtr, "const sf_context*": sfsync._ContextPtr,
+                    "sf_context**": c.POINTER(sfsync._ContextPtr),
+                    "sf_options*": c.POINTER(sfsync.Options),
+                    "const sf_options*": c.POINTER(sfsync.Options),
+                    "sf_stats*": c.POINTER(sfsync.Stats), "sf_store*": c.POINTER(sfsync.Store),
+                    "const sf_store*": c.POINTER(sfsync.Store),
+                    "int64_t*": c.POINTER(c.c_int64), "uint64_t*": c.POINTER(c.c_uint64),
+                    "void**": c.POINTER(c.c_void_p), "sf_dtype*": c.POINTER(c.c_int32)}
+
+        def ctype(decl):
+            decl = re.sub(r"\s*\*", "*", re.sub(r"\s+", " ", decl)).strip()
+            if "*" in decl:
+                return pointers[decl]
+            return scalar[decl]
+
+        text = re.sub(r"/\*.*?\*/", "", header_text(), flags=re.S)
+        protos = re.findall(r"SF_API\s+([\w\s\*]+?)\b(sf_\w+)\s*\(([^)]*)\)\s*;", text)
+        self.assertEqual(len(protos), len(sfsync.FUNCTIONS))
+        dll = sfsync.lib()
+        for ret, name, params in protos:
+            restype, argtypes = sfsync._PROTOTYPES[name]
+            restype = c.c_int32 if restype is sfsync._STATUS else restype
+            argtypes = [c.c_int32 if t is sfsync._STATUS else t for t in argtypes]
+            self.assertEqual(ctype(ret), restype, "%s returns %s" % (name, ret.strip()))
+            params = [p.strip() for p in params.split(",")]
+            if params == ["void"]:
+                params = []
+            want = []
+            for p in params:
+                m = re.match(r"^(.*[\s\*])(\w+)$", p)  # drop the parameter's name
+                want.append(ctype(m.group(1)))
+            self.assertEqual(want, argtypes, "%s(%s)" % (name, ", ".join(params)))
+            fn = getattr(dll, name)
+            if not isinstance(fn, sfsync._Missing):
+                self.assertEqual(list(fn.argtypes), argtypes, name)
 
     def test_bound_functions_are_exported(self):
         # The checked-in export list may hold more (the shim's internal
@@ -119,6 +167,9 @@ class StructLayout(unittest.TestCase):
     def test_options_layout(self):
         self.check("sf_options", sfsync.Options)
 
+    def test_store_layout(self):
+        self.check("sf_store", sfsync.Store)
+
     def test_stats_layout(self):
         self.check("sf_stats", sfsync.Stats)
 
@@ -144,6 +195,59 @@ class Loading(unittest.TestCase):
         if not wanted:
             self.skipTest("SFSYNC_LIBRARY not set")
         self.assertEqual(os.path.realpath(sfsync.library_path()), os.path.realpath(wanted))
+
+    def test_no_build_tree_is_searched(self):
+        """The binding found the library by globbing build*/ of the checkout:
+        the package only knows SFSYNC_LIBRARY, its install record, a bundled
+        copy, and the system loader."""
+        pkg = os.path.dirname(os.path.abspath(sfsync.__file__))
+        has_record = os.path.exists(os.path.join(pkg, "_install.py"))
+        for c in sfsync._candidates():
+            self.assertNotIn("build", c.replace(pkg, ""), c)
+        if not has_record and not os.path.exists(os.path.join(pkg, "libsfsync.so.1")):
+            self.assertEqual(sfsync._candidates(), ["libsfsync.so.1"])
+        env = {k: v for k, v in os.environ.items() if k not in ("SFSYNC_LIBRARY",
+                                                                "LD_LIBRARY_PATH")}
+        env["PYTHONPATH"] = os.path.dirname(pkg)
+        r = subprocess.run([sys.executable, "-c", "import sfsync; print(sfsync.library_path())"],
+                           cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
+        if r.returncode == 0:  # an installed libsfsync.so.1 on the loader path
+            self.assertNotIn(ROOT, r.stdout)
+        else:
+            self.assertIn("LibraryLoadError", r.stderr)
+            self.assertNotIn("/build", r.stderr)
+
+    def test_installed_package_finds_its_own_library(self):
+        """What cmake --install writes (_install.py: the library relative to
+        the package) is enough: no environment variable, any directory."""
+        wanted = os.environ.get("SFSYNC_LIBRARY")
+        if not wanted:
+            self.skipTest("SFSYNC_LIBRARY not set (the library to install)")
+        tmp = tempfile.mkdtemp()
+        try:
+            site = os.path.join(tmp, "lib", "python3", "dist-packages")
+            shutil.copytree(os.path.dirname(os.path.abspath(sfsync.__file__)),
+                            os.path.join(site, "sfsync"),
+                            ignore=shutil.ignore_patterns("__pycache__", "_install.py"))
+            shutil.copy(wanted, os.path.join(tmp, "lib", "libsfsync.so.1"))
+            with open(os.path.join(site, "sfsync", "_install.py"), "w") as f:
+                f.write('LIBRARY = "../../../libsfsync.so.1"\n')
+            env = {k: v for k, v in os.environ.items() if k not in ("SFSYNC_LIBRARY",
+                                                                    "LD_LIBRARY_PATH")}
+            env["PYTHONPATH"] = site
+            r = subprocess.run([sys.executable, "-m", "sfsync"], cwd="/", env=env,
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("from %s" % os.path.join(tmp, "lib", "libsfsync.so.1"), r.stdout)
+            self.assertIn("sfsync %s" % sfsync.version(), r.stdout)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_missing_0_2_function_raises_unsupported(self):
+        missing = sfsync._Missing("sf_connect", "libold.so")
+        with self.assertRaisesRegex(sfsync.UnsupportedError, r"sf_connect: libold\.so does not "
+                                    r"export it \(it is older than sfsync 0\.2\)"):
+            missing(None)
 
     def test_loading_another_path_is_refused(self):
         with self.assertRaisesRegex(sfsync.LibraryLoadError, "already loaded"):
@@ -533,6 +637,111 @@ class StatsAndBuffers(unittest.TestCase):
         d1.close()  # not owned: sf_destroy is not called
         self.assertFalse(d2.closed)
         self.assertIn(d2.in_accumulation(), (True, False))
+
+
+class DictStore:
+    """A key-value store in this process (a dict and a condition): what a host
+    hands to Context.set_store, here for ranks that are threads."""
+
+    def __init__(self):
+        self.data = {}
+        self.cond = threading.Condition()
+        self.sets = 0
+
+    def set(self, key, value):
+        with self.cond:
+            self.data[key] = bytes(value)
+            self.sets += 1
+            self.cond.notify_all()
+
+    def get(self, key, timeout_ms):
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, timeout_ms / 1000.0):
+                raise TimeoutError(key)
+            return self.data[key]
+
+
+class HostStoreFromPython(unittest.TestCase):
+    """Context.set_store with Python callables (called from sfsync's threads,
+    ctypes taking the GIL), connect, broadcast and the replica check."""
+
+    def run_ranks(self, body, store, world=2, prefix="job", timeout_ms=20000):
+        results, errors = [None] * world, [None] * world
+
+        def run(rank):
+            try:
+                with sfsync.Context(rank=rank, world_size=world, rendezvous="host://",
+                                    timeout_ms=timeout_ms) as ctx:
+                    ctx.set_store(store.set, store.get, prefix)
+                    results[rank] = body(ctx, rank)
+            except BaseException as e:  # noqa: B902
+                errors[rank] = e
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertFalse(any(t.is_alive() for t in threads), "a rank hung")
+        return results, errors
+
+    def test_connect_broadcast_and_check(self):
+        store = DictStore()
+
+        def body(ctx, rank):
+            ctx.connect()
+            buf = np.full(100000, rank + 1, dtype=np.float32)  # 400 KB: a large value path
+            ctx.broadcast(buf, root=1)
+            same = sfsync.digest(buf)
+            ctx.check_replicas(same)
+            try:
+                ctx.check_replicas(rank)  # rank 1 differs
+                mismatch = None
+            except sfsync.MismatchError as e:
+                mismatch = str(e)
+            return buf[[0, -1]].tolist(), mismatch
+        results, errors = self.run_ranks(body, store)
+        self.assertEqual(errors, [None, None])
+        for rank in (0, 1):
+            self.assertEqual(results[rank][0], [2.0, 2.0])  # rank 1's values everywhere
+            self.assertRegex(results[rank][1], r"sf_check_replicas: .*rank 1")
+        self.assertGreater(store.sets, 0)
+        self.assertTrue(all(k.startswith("job") for k in store.data), list(store.data))
+
+    def test_store_errors_become_statuses(self):
+        """A get callback that raises (not a timeout) is a store error: the
+        exception does not cross into C, connect fails naming the key."""
+        class Broken(DictStore):
+            def get(self, key, timeout_ms):
+                raise KeyError("the store lost %s" % key)
+
+        def body(ctx, rank):
+            ctx.connect()
+        results, errors = self.run_ranks(body, Broken(), timeout_ms=3000)
+        for e in errors:
+            self.assertIsInstance(e, sfsync.SfError)
+            self.assertIn("sf_connect", str(e))
+
+    def test_a_missing_peer_times_out(self):
+        store = DictStore()
+
+        def body(ctx, rank):
+            if rank == 0:
+                ctx.connect()
+        import time
+        t0 = time.monotonic()
+        results, errors = self.run_ranks(body, store, timeout_ms=1000)
+        self.assertIsInstance(errors[0], (sfsync.SfTimeoutError, sfsync.BackendError))
+        self.assertIsNone(errors[1])
+        self.assertLess(time.monotonic() - t0, 1.0 + 10.0)
+
+    def test_set_store_arguments(self):
+        with sfsync.Context(rank=0, world_size=1, rendezvous="") as ctx:
+            store = sfsync.Store()
+            sfsync.lib().sf_store_init(ctypes.byref(store), ctypes.sizeof(store))
+            with self.assertRaisesRegex(sfsync.InvalidArgumentError, r"store->set is NULL"):
+                sfsync.lib().sf_set_store(ctx.handle, ctypes.byref(store), None)
+            with self.assertRaisesRegex(sfsync.InvalidArgumentError, "struct_size"):
+                sfsync.lib().sf_store_init(ctypes.byref(store), 8)
 
 
 class TwoRanksInOneProcess(unittest.TestCase):

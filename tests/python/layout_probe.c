@@ -1,4 +1,4 @@
-/* Prints the C layout of sf_options and sf_stats and the header's constants
+/* Prints the C layout of sf_options, sf_stats and sf_store and the header's constants
  * as JSON, for test_binding.py to compare with the ctypes mirrors. */
 #include <stddef.h>
 #include <stdio.h>
@@ -41,6 +41,12 @@ int main(void) {
   FIELD(sf_stats, gradient_count);
   FIELD(sf_stats, gradient_bytes);
   FIELD(sf_stats, sync_ns_total);
+  first = 1;
+  printf("}}, \"sf_store\": {\"size\": %zu, \"fields\": {", sizeof(sf_store));
+  FIELD(sf_store, struct_size);
+  FIELD(sf_store, user);
+  FIELD(sf_store, set);
+  FIELD(sf_store, get);
   printf("}}, \"SF_ABI_VERSION\": %d, \"SF_VERSION_NUMBER\": %d}\n", SF_ABI_VERSION,
          SF_VERSION_NUMBER);
   return 0;

@@ -1,4 +1,6 @@
-"""ctypes binding of libsfsync: the whole C ABI of include/sfsync.h.
+"""sfsync: data-parallel gradient synchronization exactly once per
+gradient-accumulation window. The ctypes binding of the whole C ABI
+(include/sfsync.h); the PyTorch integration is ``sfsync.torch``.
 
 Two layers:
 
@@ -7,13 +9,23 @@ Two layers:
   ``SfError`` subclass instead of returning a non-zero status, with
   ``sf_status_string`` and the thread's ``sf_last_error()`` in the message, so
   even the raw functions cannot fail silently.
-* ``Context`` (and ``options()``, ``version()``, ...) is the Pythonic layer
-  used by the samples: gradients as numpy views, the accumulation window as a
-  context manager, stats as a dict.
+* ``Context`` (and ``options()``, ``version()``, ``digest()``, ...) is the
+  Pythonic layer: gradients as numpy views, the accumulation window as a
+  context manager, stats as a dict, the host's key-value store as two Python
+  callables.
 
-The library is found through ``SFSYNC_LIBRARY`` (a full path), else the
-newest ``build*/plugin/libsfsync.so.1`` of this source tree (sanitizer builds
-skipped), else the system loader (``libsfsync.so.1``).  On load, ``sf_abi_version()`` must equal
+Which library is loaded (``library_path()`` says), in this order:
+
+1. ``SFSYNC_LIBRARY`` (a full path): a development override, e.g. a build tree's
+   ``build/plugin/libsfsync.so.1``;
+2. the library installed with this package: ``cmake --install`` writes
+   ``_install.py`` here with the path of the installed ``libsfsync.so.1``
+   relative to this directory (``<prefix>/lib`` next to
+   ``<prefix>/lib/python3.X/dist-packages/sfsync``);
+3. a ``libsfsync.so.1`` inside this directory (a package that bundles it);
+4. the system loader (``libsfsync.so.1`` on ``LD_LIBRARY_PATH`` / ld.so.conf).
+
+No build tree is ever searched. On load, ``sf_abi_version()`` must equal
 ``ABI_VERSION``, the version this module was written against.
 
 Only the standard library is needed; numpy is imported by the functions that
@@ -22,7 +34,6 @@ return arrays.
 
 import contextlib
 import ctypes
-import glob
 import os
 import threading
 import weakref
@@ -32,7 +43,8 @@ __all__ = [
     "InvalidStateError", "MismatchError", "BackendError", "SfTimeoutError", "UnsupportedError",
     "SfMemoryError", "InternalError", "LibraryLoadError", "lib", "load", "library_path",
     "options", "version", "version_number", "abi_version", "status_string", "last_error",
-    "backend_available", "backend_unavailable_reason",
+    "backend_available", "backend_unavailable_reason", "Store", "digest", "log", "log_level",
+    "LOG_NONE", "LOG_WARN", "LOG_INFO", "LOG_TRACE",
 ]
 
 #: The SF_ABI_VERSION this module mirrors (include/sfsync.h).
@@ -67,6 +79,15 @@ BACKEND_GLOO = 1
 BACKEND_NCCL = 2
 
 RENDEZVOUS_MAX = 256
+
+LOG_NONE = 0
+LOG_WARN = 1
+LOG_INFO = 2
+LOG_TRACE = 3
+
+STORE_OK = 0
+STORE_TIMEOUT = 1
+STORE_ERROR = 2
 
 STATUS_NAMES = {
     OK: "SF_OK",
@@ -129,7 +150,7 @@ class InvalidStateError(SfError):
 
 
 class MismatchError(SfError):
-    """SF_ERR_MISMATCH: ranks disagree on the gradient layout."""
+    """SF_ERR_MISMATCH: ranks disagree (gradient layout, replica digests)."""
 
 
 class BackendError(SfError, ConnectionError):
@@ -232,6 +253,28 @@ class Stats(ctypes.Structure):
 STATS_KEYS = tuple(name for name, _ in Stats._fields_ if name != "struct_size")
 
 
+#: int32_t (*set)(void* user, const char* key, const void* value, uint64_t bytes)
+STORE_SET_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
+                                ctypes.c_uint64)
+#: int32_t (*get)(void* user, const char* key, int64_t timeout_ms, void* buffer,
+#:                uint64_t capacity, uint64_t* bytes)
+STORE_GET_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
+                                ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64))
+
+
+class Store(ctypes.Structure):
+    """sf_store: the host's key-value store as two callbacks (Since 0.2).
+    Fill with sf_store_init; ``Context.set_store`` builds one from Python
+    callables."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint64),
+        ("user", ctypes.c_void_p),
+        ("set", STORE_SET_FN),
+        ("get", STORE_GET_FN),
+    ]
+
+
 class _ContextStruct(ctypes.Structure):
     """The opaque struct sf_context: only ever handled through a pointer."""
 
@@ -274,7 +317,21 @@ _PROTOTYPES = {
     "sf_backend_available": (_STATUS, [_c.c_int32]),
     "sf_set_cuda_stream": (_STATUS, [_ContextPtr, _c.c_void_p]),
     "sf_adopt_nccl_comm": (_STATUS, [_ContextPtr, _c.c_void_p]),
+    # Since 0.2
+    "sf_log_level": (_c.c_int32, []),
+    "sf_log": (None, [_c.c_int32, _c.c_char_p, _c.c_char_p]),
+    "sf_store_init": (_STATUS, [_c.POINTER(Store), _c.c_uint64]),
+    "sf_set_store": (_STATUS, [_ContextPtr, _c.POINTER(Store), _c.c_char_p]),
+    "sf_connect": (_STATUS, [_ContextPtr]),
+    "sf_broadcast": (_STATUS, [_ContextPtr, _c.c_void_p, _c.c_uint64, _c.c_int32]),
+    "sf_digest": (_STATUS, [_c.c_void_p, _c.c_uint64, _c.c_uint64, _c.POINTER(_c.c_uint64)]),
+    "sf_digest_gradients": (_STATUS, [_ContextPtr, _c.POINTER(_c.c_uint64)]),
+    "sf_check_replicas": (_STATUS, [_ContextPtr, _c.c_uint64]),
 }
+#: Functions added in 0.2: a 0.1 library (same ABI version) lacks them; they
+#: then raise UnsupportedError when called instead of failing the load.
+SINCE_0_2 = ("sf_log_level", "sf_log", "sf_store_init", "sf_set_store", "sf_connect",
+             "sf_broadcast", "sf_digest", "sf_digest_gradients", "sf_check_replicas")
 #: The names of the bound functions (the ABI: tests compare with the header).
 FUNCTIONS = tuple(sorted(_PROTOTYPES))
 
@@ -309,35 +366,38 @@ def _make_check(dll):
     return check
 
 
-def _sanitized(build_dir):
-    """True for a build made with SF_SANITIZE: its library aborts the process
-    when loaded into an uninstrumented Python, so the search skips it."""
-    try:
-        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
-            for line in f:
-                if line.startswith("SF_SANITIZE:"):
-                    return line.split("=", 1)[1].strip() != ""
-    except OSError:
-        pass
-    return False
+def _package_dir():
+    return os.path.dirname(os.path.abspath(__file__))
 
 
 def _candidates():
     """Where to look for the library, in order (see the module docstring)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.normpath(os.path.join(here, "..", ".."))
+    here = _package_dir()
     found = []
-    for pattern in ("build*/plugin/libsfsync.so.1", "build*/plugin/libsfsync.so"):
-        found.extend(p for p in glob.glob(os.path.join(root, pattern))
-                     if not _sanitized(os.path.dirname(os.path.dirname(p))))
-    # Newest first: the build just made is the one meant.
-    seen, ordered = set(), []
-    for path in sorted(found, key=lambda p: os.path.getmtime(p), reverse=True):
-        real = os.path.realpath(path)
-        if real not in seen:
-            seen.add(real)
-            ordered.append(path)
-    return ordered + ["libsfsync.so.1"]
+    try:
+        from sfsync import _install  # written by cmake --install
+        found.append(os.path.normpath(os.path.join(here, _install.LIBRARY)))
+    except ImportError:
+        pass
+    bundled = os.path.join(here, "libsfsync.so.1")
+    if os.path.exists(bundled):
+        found.append(bundled)
+    return found + ["libsfsync.so.1"]
+
+
+class _Missing:
+    """Stands for a function the loaded library does not export (a 0.1
+    library): calling it raises UnsupportedError naming it."""
+
+    def __init__(self, name, where):
+        self.__name__ = name
+        self._where = where
+
+    def __call__(self, *args):
+        raise UnsupportedError(ERR_UNSUPPORTED, "%s: %s does not export it (it is older than "
+                               "sfsync 0.2); install a newer libsfsync" % (self.__name__,
+                                                                          self._where),
+                               "not available in this build or on this machine", self.__name__)
 
 
 def _bind(dll):
@@ -346,6 +406,9 @@ def _bind(dll):
         try:
             fn = getattr(dll, name)
         except AttributeError:
+            if name in SINCE_0_2:
+                setattr(dll, name, _Missing(name, dll._name))
+                continue
             raise LibraryLoadError("%s does not export %s: it is older than this binding (ABI %d)"
                                    % (dll._name, name, ABI_VERSION)) from None
         fn.argtypes = [ctypes.c_int32 if t is _STATUS else t for t in argtypes]
@@ -361,7 +424,7 @@ def check_abi(dll, where):
     found = int(dll.sf_abi_version())
     if found != ABI_VERSION:
         raise LibraryLoadError("%s has ABI version %d, but this binding was written for ABI "
-                               "version %d: use the sfsync.py that comes with that library"
+                               "version %d: use the sfsync package that comes with that library"
                                % (where, found, ABI_VERSION))
 
 
@@ -390,8 +453,8 @@ def load(path=None):
                 tried.append("%s (%s)" % (candidate, e))
         if dll is None:
             how = "SFSYNC_LIBRARY / path" if explicit else "search"
-            raise LibraryLoadError("cannot load libsfsync (%s); tried: %s. Build it (cmake --build "
-                                   "build --target sfsync) or set SFSYNC_LIBRARY to its full path"
+            raise LibraryLoadError("cannot load libsfsync (%s); tried: %s. Install it (cmake "
+                                   "--install build) or set SFSYNC_LIBRARY to its full path"
                                    % (how, "; ".join(tried)))
         try:
             dll.sf_abi_version.restype = ctypes.c_int32
@@ -459,6 +522,64 @@ def backend_unavailable_reason(backend):
     return None
 
 
+def log_level():
+    """sf_log_level(): LOG_NONE..LOG_TRACE, the level SF_DEBUG set (LOG_WARN
+    with a 0.1 library)."""
+    try:
+        return int(lib().sf_log_level())
+    except UnsupportedError:
+        return LOG_WARN
+
+
+def log(level, message, subsystem="python"):
+    """One line through sfsync's logger (sf_log) if ``level`` (LOG_WARN,
+    LOG_INFO, LOG_TRACE) is enabled: ``sfsync <host>:<pid>:<rank> <LEVEL>
+    <subsystem> message``, to stderr or SF_DEBUG_FILE. Never raises."""
+    try:
+        lib().sf_log(int(level), str(subsystem).encode(), str(message).encode("utf-8", "replace"))
+    except (UnsupportedError, LibraryLoadError):
+        if level <= LOG_WARN:
+            import sys
+            sys.stderr.write("sfsync WARN %s %s\n" % (subsystem, message))
+
+
+def _address_and_size(data, nbytes=None):
+    """(address, bytes) of a buffer: an int address with ``nbytes``, an object
+    with ``data_ptr()`` (a contiguous CPU torch tensor), a numpy array, or a
+    bytes-like object."""
+    if isinstance(data, int):
+        if nbytes is None:
+            raise TypeError("a raw address needs nbytes")
+        return data, int(nbytes)
+    if hasattr(data, "data_ptr") and hasattr(data, "element_size"):
+        if getattr(data, "is_cuda", False) or not data.is_contiguous():
+            raise _error(ERR_INVALID_ARGUMENT, "the tensor must be a contiguous CPU tensor")
+        size = data.numel() * data.element_size()
+        return data.data_ptr(), size if nbytes is None else int(nbytes)
+    if hasattr(data, "ctypes") and hasattr(data, "nbytes"):  # numpy
+        if not data.flags["C_CONTIGUOUS"]:
+            raise _error(ERR_INVALID_ARGUMENT, "the array must be C-contiguous")
+        return data.ctypes.data, data.nbytes if nbytes is None else int(nbytes)
+    view = memoryview(data)
+    if not view.contiguous:
+        raise _error(ERR_INVALID_ARGUMENT, "the buffer must be contiguous")
+    raw = view.cast("B")
+    if raw.readonly:
+        buf = (ctypes.c_char * len(raw)).from_buffer_copy(raw)
+    else:
+        buf = (ctypes.c_char * len(raw)).from_buffer(raw)
+    return ctypes.addressof(buf), len(raw) if nbytes is None else int(nbytes)
+
+
+def digest(data, seed=0, nbytes=None):
+    """sf_digest: the 64-bit digest (an int) of a buffer's bytes (see
+    _address_and_size for what ``data`` may be), chained from ``seed``."""
+    address, size = _address_and_size(data, nbytes)
+    out = ctypes.c_uint64()
+    lib().sf_digest(address or None, size, seed, ctypes.byref(out))
+    return out.value
+
+
 def _set_fields(opts, overrides):
     for key, value in overrides.items():
         if key in ("struct_size",) or key not in dict(Options._fields_):
@@ -498,9 +619,12 @@ class _Gradient:
                                                                       owner)
 
 
-def _destroy(handle):
+def _destroy(handle, keep=None):
+    """sf_destroy; ``keep`` (the store callbacks) is only released after it."""
     if _lib is not None and handle:
         _lib.sf_destroy(handle)
+    if keep:
+        del keep[:]
 
 
 class Context:
@@ -532,7 +656,9 @@ class Context:
         self._handle = handle
         self._owned = owned
         self._grads = []
-        self._finalizer = weakref.finalize(self, _destroy, handle) if owned else None
+        self._keep = []  # store callbacks: alive as long as the context
+        self._finalizer = (weakref.finalize(self, _destroy, handle, self._keep) if owned
+                           else None)
 
     @classmethod
     def default(cls):
@@ -704,6 +830,83 @@ class Context:
     def synchronize(self):
         _lib.sf_synchronize(self.handle)
 
+    # -- set-up, broadcast and replica checks (Since 0.2)
+
+    def set_store(self, set_fn, get_fn, prefix=None):
+        """sf_set_store: rendezvous through the host's key-value store.
+
+        ``set_fn(key: str, value: bytes)`` stores a value; ``get_fn(key: str,
+        timeout_ms: int) -> bytes`` returns it once present, and raises
+        TimeoutError (or returns None) if it did not appear in time. Any other
+        exception is a store error (logged at WARN with the key). The
+        callbacks are called from sfsync's threads (ctypes takes the GIL for
+        them) and are kept alive by this Context until it is closed.
+        ``prefix`` goes before every key (the same on every rank)."""
+        cache = {}  # key -> value, for a second call with a larger buffer
+
+        def c_set(user, key, value, nbytes):
+            try:
+                set_fn(key.decode(), ctypes.string_at(value, nbytes) if nbytes else b"")
+                return STORE_OK
+            except Exception as e:  # noqa: BLE001 - no exception may cross into C
+                log(LOG_WARN, "the host store's set(%r) failed: %s" % (key, e), "python")
+                return STORE_ERROR
+
+        def c_get(user, key, timeout_ms, buffer, capacity, out_bytes):
+            name = key.decode()
+            try:
+                value = cache.pop(name, None)
+                if value is None:
+                    value = get_fn(name, int(timeout_ms))
+                if value is None:
+                    return STORE_TIMEOUT
+                value = bytes(value)
+                out_bytes[0] = len(value)
+                if len(value) <= capacity:
+                    if value:
+                        ctypes.memmove(buffer, value, len(value))
+                else:
+                    cache[name] = value
+                return STORE_OK
+            except TimeoutError:
+                return STORE_TIMEOUT
+            except Exception as e:  # noqa: BLE001
+                if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+                    return STORE_TIMEOUT
+                log(LOG_WARN, "the host store's get(%r) failed: %s" % (name, e), "python")
+                return STORE_ERROR
+
+        store = Store()
+        _lib.sf_store_init(ctypes.byref(store), ctypes.sizeof(store))
+        store.set = STORE_SET_FN(c_set)
+        store.get = STORE_GET_FN(c_get)
+        _lib.sf_set_store(self.handle, ctypes.byref(store), _name_bytes(prefix))
+        self._keep.append((store, c_set, c_get))  # alive until sf_destroy
+
+    def connect(self):
+        """sf_connect: join the peers now (collective), so that rendezvous
+        errors surface here rather than inside a backward pass."""
+        _lib.sf_connect(self.handle)
+
+    def broadcast(self, data, root=0, nbytes=None):
+        """sf_broadcast: copy a writable buffer (contiguous CPU tensor, numpy
+        array, writable bytes-like, or int address with ``nbytes``) from rank
+        ``root`` to every rank, in place (collective)."""
+        address, size = _address_and_size(data, nbytes)
+        _lib.sf_broadcast(self.handle, address or None, size, root)
+
+    def digest_gradients(self):
+        """sf_digest_gradients: the digest (int) of every registered host gradient."""
+        out = ctypes.c_uint64()
+        _lib.sf_digest_gradients(self.handle, ctypes.byref(out))
+        return out.value
+
+    def check_replicas(self, value):
+        """sf_check_replicas: compare a 64-bit digest across ranks (collective).
+        Returns None when all agree; raises MismatchError on every rank
+        otherwise, naming the ranks that differ from rank 0."""
+        _lib.sf_check_replicas(self.handle, int(value) & 0xFFFFFFFFFFFFFFFF)
+
     # -- CUDA / NCCL
 
     def set_cuda_stream(self, stream):
@@ -754,7 +957,3 @@ def _dtype_from_numpy(dt):
     except KeyError:
         raise TypeError("sfsync has no dtype for numpy %s (float32, float64, float16; bfloat16 "
                         "through a raw address)" % dt) from None
-
-
-if __name__ == "__main__":
-    print("libsfsync %s (ABI %d) from %s" % (version(), abi_version(), library_path()))
