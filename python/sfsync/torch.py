@@ -53,6 +53,7 @@ import datetime
 import itertools
 import os
 import threading
+import time
 import weakref
 
 import torch
@@ -112,23 +113,38 @@ def _dist():
 
 
 def _torch_store_callbacks(store):
-    """set/get callables over a c10d store for Context.set_store."""
-    lock = threading.Lock()  # c10d stores are not documented thread-safe
+    """set/get callables over a c10d store for Context.set_store.
+
+    A c10d store client is one socket and not thread-safe, and sfsync calls
+    these from several threads at once (a connect and its store-health
+    checks): every operation holds one lock, and a long wait is a series of
+    short ones so that the lock is never held for long."""
+    lock = threading.Lock()
+    slice_ms = 20
 
     def set_fn(key, value):
         with lock:
             store.set(key, value)
 
+    def _timed_out(e):
+        text = str(e).lower()
+        return "timeout" in text or "timed out" in text
+
     def get_fn(key, timeout_ms):
-        # wait() takes the timeout per call; get() then returns at once.
-        try:
-            store.wait([key], datetime.timedelta(milliseconds=max(1, timeout_ms)))
-        except RuntimeError as e:
-            if "timeout" in str(e).lower() or "timed out" in str(e).lower():
-                raise TimeoutError(str(e)) from None
-            raise
-        with lock:
-            return store.get(key)
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            with lock:
+                try:
+                    store.wait([key], datetime.timedelta(
+                        milliseconds=max(1, min(slice_ms, left_ms))))
+                    return store.get(key)
+                except RuntimeError as e:
+                    if not _timed_out(e):
+                        raise
+            if left_ms <= slice_ms:
+                raise TimeoutError("key %r did not appear within %d ms" % (key, timeout_ms))
+            time.sleep(0.001)  # let the other threads take the lock
     return set_fn, get_fn
 
 

@@ -117,9 +117,11 @@ class Runner:
             if args.sfsync_store_dir:
                 extra["rendezvous"] = "file://%s/%s" % (args.sfsync_store_dir, variant)
             cap = args.sfsync_bucket_cap_mb or args.bucket_cap_mb
+            # Every parameter of this MLP gets a gradient: no used-mask, so the
+            # bytes on the wire are exactly the gradients' (as DDP's default).
             self.sync = sfsync_torch.GradientSync(self.model, bucket_cap_mb=cap,
                                                   first_bucket_cap_mb=args.first_bucket_cap_mb,
-                                                  **extra)
+                                                  find_unused_parameters=False, **extra)
             self.module = self.model
         else:
             cap = args.bucket_cap_mb
