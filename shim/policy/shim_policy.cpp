@@ -230,7 +230,9 @@ sf_shim_decision ShimPolicy::decideAutomatic(const sf_shim_call& c) {
       std::ostringstream s;
       s << "SF_ACCUMULATION_STEPS=" << config_.accumulationSteps
         << ": cannot tell where backward passes start (" << tracker_.lostReason()
-        << "); passing every call through from now on. " << windowName() << " had "
+        << "); passing every call through from now on. " << windowName() << " (backward passes "
+        << (openFrom_ - 1) * config_.accumulationSteps + 1 << "-"
+        << openTo_ * config_.accumulationSteps << " as the shim counts them) had "
         << openCalls_ << " gradient all-reduces (" << openBytes_
         << " bytes) deferred before this call, which is correct only if the host did not step "
            "its optimizer since its last synchronization. A host that synchronizes once per "
