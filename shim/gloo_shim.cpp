@@ -49,7 +49,7 @@ __attribute__((visibility("default"))) void allreduce(const AllreduceOptions& op
   call.rank = o.context->rank;
   call.comm = o.context.get();
   call.buffer = o.out[0]->ptr;
-  call.bytes = int64_t(o.elements * o.elementSize);
+  call.bytes = sf_shim_bytes(o.elements, o.elementSize);
   call.dtype = SF_SHIM_DTYPE_OTHER;
   call.op = SF_SHIM_OP_OTHER;
   if (o.reduce && o.elementSize > 0) {

@@ -179,7 +179,7 @@ SF_SHIM_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, 
   call.op = op == kNcclSum ? SF_SHIM_OP_SUM : op == kNcclAvg ? SF_SHIM_OP_AVERAGE : SF_SHIM_OP_OTHER;
   call.comm = comm;
   call.buffer = recvbuff;
-  call.bytes = int64_t(count * ncclTypeSize(datatype));
+  call.bytes = sf_shim_bytes(count, ncclTypeSize(datatype));
   call.rank = -1;
   if (n.commCount(comm, &call.world_size) != kNcclSuccess) call.world_size = 0;
   if (n.commUserRank) n.commUserRank(comm, &call.rank);

@@ -14,7 +14,8 @@ bool PassTracker::Key::operator<(const Key& o) const {
 size_t PassTracker::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<const void*>()(k.buffer);
   h ^= std::hash<const void*>()(k.comm) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= std::hash<int64_t>()(k.bytes * 4 + k.dtype) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= std::hash<uint64_t>()(uint64_t(k.bytes) * 4 + uint64_t(k.dtype)) + 0x9e3779b97f4a7c15ull +
+       (h << 6) + (h >> 2);
   return h;
 }
 
@@ -36,8 +37,15 @@ PassTracker::Position PassTracker::observe(const Key& key) {
   if (state_ == State::kLost) return pos;
 
   if (state_ == State::kLearning) {
+    if (key.bytes < 0 || __builtin_add_overflow(cum_, key.bytes, &cum_)) {
+      std::ostringstream s;
+      s << "the running count of gradient bytes overflows at an all-reduce of " << key.bytes
+        << " bytes";
+      lose(s.str());
+      pos.state = state_;
+      return pos;
+    }
     history_.push_back(key);
-    cum_ += key.bytes;
     prefix_.push_back(cum_);
     if (cum_ % (kCopies + 1) == 0 && tryLearn(cum_ / (kCopies + 1))) {
       pos.state = state_;

@@ -21,7 +21,8 @@
 // the pass structure, not on the order of calls inside a pass nor on buffer
 // addresses, so every rank learns at the same pass and their decisions agree.
 // Anything else (a foreign call, a buffer twice in a pass, no pattern within
-// kMaxLearningCalls calls) loses the track for good: then every call passes.
+// kMaxLearningCalls calls, a running byte count past INT64_MAX) loses the
+// track for good: then every call passes.
 
 #include <cstdint>
 #include <string>

@@ -33,6 +33,15 @@ struct sf_shim_call {
   int64_t bytes;        /* size of the output buffer */
 };
 
+/** count x element size as sf_shim_call.bytes; -1 when it does not fit an
+ *  int64 (finding F2): such a call is never a gradient and counts 0 bytes,
+ *  it passes to the real library, which judges it. */
+inline int64_t sf_shim_bytes(uint64_t count, uint64_t element_size) {
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(count, element_size, &bytes) || bytes > uint64_t(INT64_MAX)) return -1;
+  return int64_t(bytes);
+}
+
 typedef int32_t sf_shim_action;
 #define SF_SHIM_PASS 0  /* forward the call unchanged */
 #define SF_SHIM_DEFER 1 /* send nothing; the output becomes factor x input */

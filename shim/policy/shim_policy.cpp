@@ -87,6 +87,14 @@ const char* stateName(PassTracker::State s) {
   }
 }
 
+// Byte counts (finding F2 of tests/fuzz/README.md): a negative count (a size
+// that wrapped) counts as 0, and a sum stops at INT64_MAX instead of
+// overflowing.
+void addBytes(int64_t& total, int64_t bytes) {
+  if (bytes < 0) bytes = 0;
+  if (__builtin_add_overflow(total, bytes, &total)) total = INT64_MAX;
+}
+
 }  // namespace
 
 ShimConfig shimConfigFromEnvironment() {
@@ -212,6 +220,37 @@ sf_shim_decision ShimPolicy::decideAutomatic(const sf_shim_call& c) {
   const PassTracker::State before = tracker_.state();
   const PassTracker::Position pos = tracker_.observe({c.comm, c.buffer, c.bytes, c.dtype});
   if (pos.state == PassTracker::State::kLost) {
+    if (!saidLost_ && open_) {
+      // Passes of the current window were deferred, and the pass that would
+      // have carried them may never come. That is exact only if the host did
+      // not step its optimizer in between; a host that synchronizes once per
+      // step itself (no_sync()) did, and nothing the shim sees tells the two
+      // apart: say it now, naming the window (SF_STRICT=1: this call fails).
+      saidLost_ = true;
+      std::ostringstream s;
+      s << "SF_ACCUMULATION_STEPS=" << config_.accumulationSteps
+        << ": cannot tell where backward passes start (" << tracker_.lostReason()
+        << "); passing every call through from now on. " << windowName() << " (backward passes "
+        << (openFrom_ - 1) * config_.accumulationSteps + 1 << "-"
+        << openTo_ * config_.accumulationSteps << " as the shim counts them) had "
+        << openCalls_ << " gradient all-reduces (" << openBytes_
+        << " bytes) deferred before this call, which is correct only if the host did not step "
+           "its optimizer since its last synchronization. A host that synchronizes once per "
+           "optimizer step itself (DDP with no_sync(), or no accumulation) did: those were its "
+           "real synchronizations and their gradients were not averaged across the ranks, so "
+           "the replicas may differ from "
+        << windowName()
+        << " on. Do not set SF_ACCUMULATION_STEPS for a host that uses no_sync(); check the "
+           "replicas with verify_every=K (sfsync.torch) or sf_check_replicas"
+        << (config_.strict ? " (SF_STRICT=1: this all-reduce fails)"
+                           : " (SF_STRICT=1 makes this an error)");
+      if (!openSaid_) counters_.unsynchronizedWindows.push_back(openFrom_);
+      open_ = false;  // said: not a synchronized window, not said again at exit
+      say(s.str());
+      if (config_.strict) return fail(openFrom_, s.str());
+      failure_ = s.str();
+      return passGradient(c, -1);
+    }
     sayOnce(saidLost_, "SF_ACCUMULATION_STEPS=" + std::to_string(config_.accumulationSteps) +
                            ": cannot tell where backward passes start (" +
                            tracker_.lostReason() +
@@ -225,7 +264,7 @@ sf_shim_decision ShimPolicy::decideAutomatic(const sf_shim_call& c) {
   if (before == PassTracker::State::kLearning) {
     // Just learned: the passes so far all went through, each of passBytes.
     for (int64_t p = 1; p <= tracker_.passesCompleted(); ++p) {
-      if (WindowRecord* r = record((p - 1) / n + 1)) r->gradientBytesSent += tracker_.passBytes();
+      if (WindowRecord* r = record((p - 1) / n + 1)) addBytes(r->gradientBytesSent, tracker_.passBytes());
     }
     passGradient(c, -1);
     window_ = w;
@@ -257,7 +296,10 @@ bool ShimPolicy::grewTooLong(bool byLongest) {
   // latest synchronization carried (a host's last micro-batch).
   const int64_t passBytes = tracker_.passBytes() > 0 ? tracker_.passBytes() : syncBytes_;
   const int64_t n = config_.accumulationSteps;
-  const int64_t stepsLimit = n > 0 && passBytes > 0 ? (n - 1) * passBytes : 0;
+  int64_t stepsLimit = 0;
+  if (n > 0 && passBytes > 0 && __builtin_mul_overflow(n - 1, passBytes, &stepsLimit)) {
+    stepsLimit = INT64_MAX;
+  }
   const bool pastLongest = byLongest && longestSynced_ > 0 && openBytes_ > longestSynced_;
   const bool pastSteps = stepsLimit > 0 && openBytes_ > stepsLimit;
   if (!pastLongest && !pastSteps) return false;
@@ -314,7 +356,7 @@ WindowRecord* ShimPolicy::record(int64_t window) {
 
 sf_shim_decision ShimPolicy::pass(const sf_shim_call& c) {
   ++counters_.passed;
-  counters_.bytesSent += c.bytes;
+  addBytes(counters_.bytesSent, c.bytes);
   sf_shim_decision d{};
   d.action = SF_SHIM_PASS;
   d.window = window_;
@@ -324,10 +366,10 @@ sf_shim_decision ShimPolicy::pass(const sf_shim_call& c) {
 sf_shim_decision ShimPolicy::passGradient(const sf_shim_call& c, int64_t window) {
   sf_shim_decision d = pass(c);
   ++counters_.gradientCallsSent;
-  counters_.gradientBytesSent += c.bytes;
+  addBytes(counters_.gradientBytesSent, c.bytes);
   if (WindowRecord* r = record(window)) {
     ++r->gradientCallsSent;
-    r->gradientBytesSent += c.bytes;
+    addBytes(r->gradientBytesSent, c.bytes);
   }
   // A real synchronization: what was deferred before is carried.
   if (open_) {
@@ -336,17 +378,17 @@ sf_shim_decision ShimPolicy::passGradient(const sf_shim_call& c, int64_t window)
     syncing_ = true;
     syncBytes_ = 0;
   }
-  if (syncing_) syncBytes_ += c.bytes;
+  if (syncing_) addBytes(syncBytes_, c.bytes);
   d.window = window > 0 ? window : 0;
   return d;
 }
 
 sf_shim_decision ShimPolicy::defer(const sf_shim_call& c, int64_t window) {
   ++counters_.deferred;
-  counters_.bytesDeferred += c.bytes;
+  addBytes(counters_.bytesDeferred, c.bytes);
   if (WindowRecord* r = record(window)) {
     ++r->deferredCalls;
-    r->bytesDeferred += c.bytes;
+    addBytes(r->bytesDeferred, c.bytes);
   }
   syncing_ = false;
   if (!open_) {
@@ -358,7 +400,7 @@ sf_shim_decision ShimPolicy::defer(const sf_shim_call& c, int64_t window) {
   }
   openTo_ = window;
   ++openCalls_;
-  openBytes_ += c.bytes;
+  addBytes(openBytes_, c.bytes);
   sf_shim_decision d{};
   d.action = SF_SHIM_DEFER;
   d.factor = c.op == SF_SHIM_OP_SUM ? double(c.world_size) : 1.0;

@@ -22,6 +22,11 @@
 //    that did synchronize, or past N - 1 passes with SF_ACCUMULATION_STEPS=N;
 //  - a refused sf_begin_accumulation (a forgotten end) is said by libsfsync
 //    at that call; under SF_STRICT=1 the next gradient all-reduce fails.
+//  - automatic mode losing its pass track inside a window with deferred
+//    passes: exact only if the host did not step its optimizer meanwhile,
+//    which a host that synchronizes once per step itself (no_sync()) did;
+//    said at that call, naming the window (shim/README.md, "the rule when
+//    the track is lost").
 // A window still open at exit is said at exit (nothing earlier shows it when
 // no window ever synchronized).
 
@@ -53,6 +58,7 @@ struct ShimConfig {
 // SF_STRICT: the caller takes it from libsfsync's window state).
 ShimConfig shimConfigFromEnvironment();
 
+// Byte counts saturate at INT64_MAX; a negative call size counts 0.
 struct ShimCounters {
   int64_t calls = 0;                 // every interposed all-reduce
   int64_t callsGloo = 0;

@@ -481,6 +481,94 @@ BOOST_AUTO_TEST_CASE(automatic_mode_gives_up_once_and_then_passes_everything) {
   BOOST_TEST(h.lines.size() == 1u);
 }
 
+// A host that already synchronizes once per optimizer step (DDP with a
+// correct no_sync()) run with SF_ACCUMULATION_STEPS=4: each "pass" the shim
+// counts is a real window synchronization, and deferring one means the ranks
+// stepped on local gradients. When the track is lost while passes of the
+// current window are deferred (here: a new DDP model's first bucket), it is
+// said at once, naming the window, and under SF_STRICT=1 that call fails.
+BOOST_AUTO_TEST_CASE(losing_the_track_with_deferred_passes_says_the_window_at_once) {
+  for (const bool strict : {false, true}) {
+    BOOST_TEST_CONTEXT("strict " << strict) {
+      ShimConfig c = config(100, 4);
+      c.strict = strict;
+      Harness h(c);
+      std::vector<sf_shim_action> a;
+      for (int p = 1; p <= 6; ++p) ddpPass(h, p, &a);  // pass 6: window 2, deferred
+      BOOST_TEST(a.back() == SF_SHIM_DEFER);
+      BOOST_TEST(h.lines.empty());
+      const sf_shim_decision d = h.policy->decide(grad(3000, reinterpret_cast<const void*>(0xd000)));
+      BOOST_TEST(d.action == (strict ? SF_SHIM_FAIL : SF_SHIM_PASS));
+      BOOST_REQUIRE(h.lines.size() == 1u);
+      const std::string& l = h.lines[0];
+      for (const char* part : {"cannot tell where backward passes start",
+                               "window 2 (backward passes 5-8 as the shim counts them)",
+                               "2 gradient all-reduces (3000 bytes) deferred",
+                               "were not averaged across the ranks", "no_sync()",
+                               "verify_every", "sf_check_replicas"}) {
+        BOOST_TEST(l.find(part) != std::string::npos, part << " in " << l);
+      }
+      BOOST_TEST(l.find("(correct, not faster)") == std::string::npos);
+      if (strict) BOOST_TEST(h.policy->failure() == l);
+      const auto k = h.policy->counters();
+      BOOST_REQUIRE(k.unsynchronizedWindows.size() == 1u);
+      BOOST_TEST(k.unsynchronizedWindows[0] == 2);
+      // Everything passes afterwards; nothing more is said, not at exit either.
+      for (int p = 0; p < 3; ++p) BOOST_TEST(h.act(grad(3000, kBuf2)) == SF_SHIM_PASS);
+      BOOST_TEST(h.policy->finish() == !strict);
+      BOOST_TEST(h.lines.size() == 1u);
+    }
+  }
+}
+
+// Lost between windows (nothing deferred since the last synchronization):
+// passing everything is exact whatever the host does, and said so.
+BOOST_AUTO_TEST_CASE(losing_the_track_between_windows_is_correct_and_said_so) {
+  ShimConfig c = config(100, 4);
+  c.strict = true;
+  Harness h(c);
+  std::vector<sf_shim_action> a;
+  for (int p = 1; p <= 8; ++p) ddpPass(h, p, &a);  // pass 8 ends window 2
+  BOOST_TEST(a.back() == SF_SHIM_PASS);
+  BOOST_TEST(h.act(grad(3000, reinterpret_cast<const void*>(0xd000))) == SF_SHIM_PASS);
+  BOOST_REQUIRE(h.lines.size() == 1u);
+  BOOST_TEST(h.said("(correct, not faster)") == 1u);
+  BOOST_TEST(h.policy->finish());
+}
+
+// Finding F2 (tests/fuzz/README.md): byte counts near 2^63 (an NCCL count x
+// element size) or negative ones must not overflow the int64 counters (UB).
+BOOST_AUTO_TEST_CASE(byte_counters_saturate_instead_of_overflowing) {
+  Harness h(config(100, 0));
+  const int64_t big = INT64_MAX - 5;
+  BOOST_TEST(h.act(call(SF_SHIM_DTYPE_OTHER, SF_SHIM_OP_SUM, big)) == SF_SHIM_PASS);
+  BOOST_TEST(h.act(call(SF_SHIM_DTYPE_OTHER, SF_SHIM_OP_SUM, big)) == SF_SHIM_PASS);
+  BOOST_TEST(h.act(call(SF_SHIM_DTYPE_OTHER, SF_SHIM_OP_SUM, -7)) == SF_SHIM_PASS);
+  BOOST_TEST(h.act(grad(big)) == SF_SHIM_PASS);
+  BOOST_TEST(h.act(grad(big)) == SF_SHIM_PASS);
+  h.begin();
+  BOOST_TEST(h.act(grad(big)) == SF_SHIM_DEFER);
+  BOOST_TEST(h.act(grad(big, kBuf2)) == SF_SHIM_DEFER);
+  h.end();
+  BOOST_TEST(h.act(grad(big)) == SF_SHIM_PASS);
+  const auto k = h.policy->counters();
+  BOOST_TEST(k.bytesSent == INT64_MAX);
+  BOOST_TEST(k.gradientBytesSent == INT64_MAX);
+  BOOST_TEST(k.bytesDeferred == INT64_MAX);
+  for (const auto& r : h.policy->windowRecords()) {
+    BOOST_TEST(r.bytesDeferred >= 0);
+    BOOST_TEST(r.gradientBytesSent >= 0);
+  }
+  BOOST_TEST(h.policy->finish());
+  // Automatic mode: the tracker's running count and (N - 1) x pass bytes.
+  Harness a(config(100, int64_t(INT32_MAX)));
+  for (int i = 0; i < 12; ++i) {
+    BOOST_TEST(a.act(grad(big, i % 2 ? kBuf1 : kBuf2)) == SF_SHIM_PASS);
+  }
+  BOOST_TEST(a.policy->counters().gradientBytesSent == INT64_MAX);
+  BOOST_TEST(a.policy->finish());
+}
+
 BOOST_AUTO_TEST_CASE(host_windows_take_over_from_automatic_mode) {
   Harness h(config(100, 3));
   h.begin();

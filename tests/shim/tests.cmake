@@ -76,6 +76,20 @@ else()
          --report ${reports}/foreign-%r.json --expect lost
     ENV "${preload};SF_ACCUMULATION_STEPS=4;SF_SHIM_REPORT=${reports}/foreign-%r.json"
     PASS "cannot tell where backward passes start \\(pass 13: an all-reduce of 160000 bytes.*\nOK\n")
+  # A host that already synchronizes once per optimizer step (a correct
+  # no_sync()) run with SF_ACCUMULATION_STEPS=4: every pass the shim counts is
+  # a real synchronization, pass 6 (the host's window 6) is deferred. The
+  # foreign all-reduce before window 7 loses the track: said at that call,
+  # naming the window (it had said "correct, not faster"); SF_STRICT=1 fails it.
+  set(nosync_said "WARN shim SF_ACCUMULATION_STEPS=4: cannot tell where backward passes start \\(pass 7: an all-reduce of 160000 bytes[^\n]*window 2 \\(backward passes 5-8 as the shim counts them\\) had 2 gradient all-reduces [^\n]*not averaged across the ranks")
+  sf_shim_ddp_test(shim_ddp_nosync_host_automatic_said
+    ARGS --mode nosync --windows 7 --foreign-at 7
+    ENV "${preload};SF_ACCUMULATION_STEPS=4"
+    PASS "${nosync_said}")
+  sf_shim_ddp_test(shim_ddp_nosync_host_automatic_strict
+    ARGS --mode nosync --windows 7 --foreign-at 7
+    ENV "${preload};SF_ACCUMULATION_STEPS=4;SF_STRICT=1"
+    PASS "RuntimeError: sfsync shim: SF_ACCUMULATION_STEPS=4: cannot tell where backward passes start[^\n]*window 2 \\(backward passes 5-8")
   # Issue 9: a window around each non-final micro-batch, the last one
   # synchronized, is legal: no message (today: "window K ended with ... the
   # optimizer stepped on local gradients" for 2 of every 3 windows).
