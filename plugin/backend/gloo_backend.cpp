@@ -122,9 +122,15 @@ void GlooBackend::connectHere() {
     gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
     // Our own full-mesh connect: Gloo's waits 5 x timeout for a silent peer.
-    context_ = connectGlooMesh(*store_, device, opts_.rank, opts_.world_size,
-                               std::chrono::milliseconds(opts_.timeout_ms));
+    context_ = connectMesh(*store_, device);
   });
+}
+
+std::shared_ptr<gloo::Context> GlooBackend::connectMesh(
+    gloo::rendezvous::Store& store, const std::shared_ptr<gloo::transport::Device>& device) {
+  // Our bounded connect (Gloo's waits 5 x timeout for a silent peer).
+  return connectGlooMesh(store, device, opts_.rank, opts_.world_size,
+                         std::chrono::milliseconds(opts_.timeout_ms));
 }
 
 std::shared_ptr<gloo::Context> GlooBackend::connectLane(size_t k) {
@@ -134,9 +140,7 @@ std::shared_ptr<gloo::Context> GlooBackend::connectLane(size_t k) {
     gloo::rendezvous::PrefixStore store("lane" + std::to_string(k), *store_);
     gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    // The same bounded connect as the first lane (Gloo's waits 5 x timeout).
-    made = connectGlooMesh(store, device, opts_.rank, opts_.world_size,
-                           std::chrono::milliseconds(opts_.timeout_ms));
+    made = connectMesh(store, device);
   });
   return made;
 }

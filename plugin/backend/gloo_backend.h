@@ -33,6 +33,9 @@ class Context;
 namespace rendezvous {
 class Store;
 }
+namespace transport {
+class Device;
+}
 }  // namespace gloo
 
 namespace sfsync {
@@ -60,6 +63,9 @@ class GlooBackend : public Backend {
  private:
   void connectHere();  // on the worker thread
   // Lane k >= 1, on its worker thread, after connectHere.
+  // Gloo's full mesh through `store`, bounded by timeout_ms (connectGlooMesh).
+  std::shared_ptr<gloo::Context> connectMesh(gloo::rendezvous::Store& store,
+                                             const std::shared_ptr<gloo::transport::Device>& device);
   std::shared_ptr<gloo::Context> connectLane(size_t k);
   OrderedExecutor& executorOf(size_t lane) { return lane == 0 ? executor_ : *laneExecutors_[lane - 1]; }
   // Records the first failure of any lane; later tasks fail with it.

@@ -115,36 +115,31 @@ def _dist():
 def _torch_store_callbacks(store):
     """set/get callables over a c10d store for Context.set_store.
 
-    A c10d store client is one socket and not thread-safe, and sfsync calls
-    these from several threads at once (a connect and its store-health
-    checks): every operation holds one lock, and a long wait is a series of
-    short ones so that the lock is never held for long."""
+    Two traps of torch 1.13's TCPStore client shape this. It is one socket
+    and not thread-safe, while sfsync calls these from several threads: every
+    operation holds one lock. And a wait() that times out leaves the
+    server's late answer in the socket, so the next request reads the wrong
+    reply: nothing here ever waits with a timeout. Each value gets a counter
+    key (add() answers at once and creates it at 0), and get() polls that
+    counter until the value exists, then reads it."""
     lock = threading.Lock()
-    slice_ms = 20
 
     def set_fn(key, value):
         with lock:
             store.set(key, value)
-
-    def _timed_out(e):
-        text = str(e).lower()
-        return "timeout" in text or "timed out" in text
+            store.add(key + "/sfsync.set", 1)
 
     def get_fn(key, timeout_ms):
         deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        pause = 0.0005
         while True:
-            left_ms = int((deadline - time.monotonic()) * 1000)
             with lock:
-                try:
-                    store.wait([key], datetime.timedelta(
-                        milliseconds=max(1, min(slice_ms, left_ms))))
+                if store.add(key + "/sfsync.set", 0) > 0:
                     return store.get(key)
-                except RuntimeError as e:
-                    if not _timed_out(e):
-                        raise
-            if left_ms <= slice_ms:
+            if time.monotonic() >= deadline:
                 raise TimeoutError("key %r did not appear within %d ms" % (key, timeout_ms))
-            time.sleep(0.001)  # let the other threads take the lock
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
     return set_fn, get_fn
 
 
