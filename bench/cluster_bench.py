@@ -61,6 +61,9 @@ def parse_args(argv=None):
 def run_one(a, n, rate, store_dir):
     lib = os.path.join(a.build, "plugin", "libsfsync.so")
     env = dict(os.environ, SFSYNC_LIBRARY=lib, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    # The package from this source tree, with the build's library.
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")) if p)
     env["MASTER_PORT"] = str(a.port)
     a.port += 10  # a fresh port pair per run (TIME_WAIT)
     bench = [PY, BENCH, "--windows", str(a.windows), "--warmup", str(a.warmup),

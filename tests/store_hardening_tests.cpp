@@ -36,6 +36,7 @@
 #include "plugin/rendezvous/memory_store.h"
 #include "plugin/rendezvous/store_factory.h"
 #include "plugin/rendezvous/tcp_store.h"
+#include "plugin/tools/silent_listener.h"
 #include "tests/support/processes.h"
 #include "tests/support/thread_ranks.h"
 
@@ -95,22 +96,7 @@ Outcome bounded(std::function<void()> f, double limitSeconds) {
 
 // A TCP listener that never accepts nor answers: a wedged rank 0, a
 // squatter on the port, a silent Redis.
-struct SilentListener {
-  int fd = -1;
-  int port = 0;
-  explicit SilentListener(const char* ip = "127.0.0.1", int backlog = 128) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    ::inet_pton(AF_INET, ip, &a.sin_addr);
-    socklen_t len = sizeof a;
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(fd, backlog);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-  }
-  ~SilentListener() { ::close(fd); }
-};
+using sfsync::SilentListener;
 
 int connectTo(int port, const char* ip = "127.0.0.1") {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

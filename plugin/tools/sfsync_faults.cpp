@@ -42,6 +42,7 @@
 #include <gloo/transport/tcp/address.h>
 
 #include "plugin/backend/gloo_backend.h"
+#include "plugin/tools/silent_listener.h"
 #include "plugin/core/error.h"
 #include "plugin/core/options.h"
 #include "plugin/rendezvous/memory_store.h"
@@ -54,21 +55,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-struct Listener {  // accepts into its queue, never answers
-  int fd = -1, port = 0;
-  explicit Listener(const char* ip = "127.0.0.1", int backlog = 128) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    ::inet_pton(AF_INET, ip, &a.sin_addr);
-    socklen_t len = sizeof a;
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(fd, backlog);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-  }
-  ~Listener() { ::close(fd); }
-};
+using Listener = SilentListener;  // accepts into its queue, never answers
 
 std::vector<char> glooAddress(const char* ip, int port) {
   sockaddr_in a{};

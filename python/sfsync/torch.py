@@ -112,6 +112,17 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+def _enter_pass_window(context, passes, n):
+    """Counting mode: the window state the next pass needs (passes 1..N-1 of
+    a step inside a window, pass N outside, so that it synchronizes)."""
+    inside = context.in_accumulation()
+    if passes < n - 1:
+        if not inside:
+            context.begin_accumulation()
+    elif inside:
+        context.end_accumulation()
+
+
 def _torch_store_callbacks(store):
     """set/get callables over a c10d store for Context.set_store.
 
@@ -502,14 +513,7 @@ class GradientSync:
         return self._passes == 0 and not self._in_pass
 
     def _enter_pass_window(self):
-        """Counting mode: the window state this pass needs."""
-        n = self.accumulation_steps
-        inside = self.context.in_accumulation()
-        if self._passes < n - 1:
-            if not inside:
-                self.context.begin_accumulation()
-        elif inside:
-            self.context.end_accumulation()
+        _enter_pass_window(self.context, self._passes, self.accumulation_steps)
 
     def _forward(self):
         if not torch.is_grad_enabled() or self._in_pass:
@@ -778,13 +782,7 @@ class DDPSync:
             raise
 
     def _enter_pass_window(self):
-        n = self.accumulation_steps
-        inside = self.context.in_accumulation()
-        if self._passes < n - 1:
-            if not inside:
-                self.context.begin_accumulation()
-        elif inside:
-            self.context.end_accumulation()
+        _enter_pass_window(self.context, self._passes, self.accumulation_steps)
 
     def _forward(self):
         if not torch.is_grad_enabled():

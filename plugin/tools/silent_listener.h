@@ -1,0 +1,32 @@
+#pragma once
+// A TCP socket that listens and never answers: connections queue in its
+// backlog (or, once that is full, get no answer at all). The stand-in for a
+// wedged or SIGSTOPped peer in sfsync-faults and the store tests.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace sfsync {
+
+struct SilentListener {
+  int fd = -1;
+  int port = 0;  // the bound port (an ephemeral one)
+  explicit SilentListener(const char* ip = "127.0.0.1", int backlog = 128) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, ip, &a.sin_addr);
+    socklen_t len = sizeof a;
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(fd, backlog);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~SilentListener() { ::close(fd); }
+  SilentListener(const SilentListener&) = delete;
+  SilentListener& operator=(const SilentListener&) = delete;
+};
+
+}  // namespace sfsync
