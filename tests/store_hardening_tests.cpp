@@ -248,22 +248,12 @@ BOOST_AUTO_TEST_CASE(stopped_peer_during_connect_active_side_gloo_thread) {
   // accepts, so this rank's connect gets no answer. 0.1: 5 x timeout.
   ScopedEnv host("SF_GLOO_HOSTNAME", "127.0.0.2");
   SilentListener wedged("127.0.0.1", 0);
-  std::vector<int> fillers;
-  for (int i = 0; i < 4; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(wedged.port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    fillers.push_back(fd);
-  }
+  wedged.fillBacklog(4);
   const std::string name = sftest::uniqueName("wedged");
   auto store = MemoryStore::named(name);
   store->set("sfsync/1", glooAddressBlob("127.0.0.1", wedged.port));
   const sf_options o = gloo2(0, "memory://" + name, 1000);
   const Outcome out = bounded([&] { GlooBackend(o).connect(); }, 30);
-  for (int fd : fillers) ::close(fd);
   expectBounded(out, 1.0, {SF_ERR_TIMEOUT, SF_ERR_BACKEND});
   BOOST_TEST(out.message.find("rank 1") != std::string::npos, out.message);
 }

@@ -182,22 +182,12 @@ std::vector<Case> cases(const std::string& self) {
   c.push_back({"active-wedged", {SF_ERR_TIMEOUT}, [=](int64_t t, TP* s) {
                  ::setenv("SF_GLOO_HOSTNAME", "127.0.0.2", 1);
                  Listener wedged("127.0.0.1", 0);
-                 std::vector<int> fill;
-                 for (int i = 0; i < 4; ++i) {
-                   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-                   sockaddr_in a{};
-                   a.sin_family = AF_INET;
-                   a.sin_port = htons(uint16_t(wedged.port));
-                   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-                   ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-                   fill.push_back(fd);
-                 }
+                 wedged.fillBacklog(4);
                  const std::string name = uniqueName("wedged");
                  auto store = MemoryStore::named(name);
                  store->set("sfsync/1", glooAddress("127.0.0.1", wedged.port));
                  *s = now();
                  Result r = run([&] { GlooBackend(rankOptions(0, 2, "memory://" + name, t)).connect(); });
-                 for (int fd : fill) ::close(fd);
                  ::unsetenv("SF_GLOO_HOSTNAME");
                  return r;
                }});

@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <vector>
+
 namespace sfsync {
 
 struct SilentListener {
@@ -24,9 +26,29 @@ struct SilentListener {
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
     port = ntohs(a.sin_port);
   }
-  ~SilentListener() { ::close(fd); }
+  // Fills the accept queue with `n` connections that nobody accepts, so
+  // that a further connect gets no answer at all (a wedged peer). They are
+  // closed with the listener.
+  void fillBacklog(int n) {
+    for (int i = 0; i < n; ++i) {
+      int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(uint16_t(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      fillers_.push_back(c);
+    }
+  }
+  ~SilentListener() {
+    for (int c : fillers_) ::close(c);
+    ::close(fd);
+  }
   SilentListener(const SilentListener&) = delete;
   SilentListener& operator=(const SilentListener&) = delete;
+
+ private:
+  std::vector<int> fillers_;
 };
 
 }  // namespace sfsync

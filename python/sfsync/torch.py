@@ -112,6 +112,15 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+def _check_counts(who, accumulation_steps, verify_every):
+    """ValueError naming the argument unless each is None or an int >= 1."""
+    for name, value in (("accumulation_steps", accumulation_steps),
+                        ("verify_every", verify_every)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError("%s: %s must be an integer >= 1 or None, not %r"
+                             % (who, name, value))
+
+
 def _enter_pass_window(context, passes, n):
     """Counting mode: the window state the next pass needs (passes 1..N-1 of
     a step inside a window, pass N outside, so that it synchronizes)."""
@@ -355,13 +364,7 @@ class GradientSync:
                  hooks=True, broadcast=True, broadcast_buffers=True, find_unused_parameters=True,
                  verify_every=None, verify_buffers=False, store=None, bucket_cap_mb=None,
                  first_bucket_cap_mb=None, connect=True, **options):
-        if accumulation_steps is not None and (not isinstance(accumulation_steps, int) or
-                                               accumulation_steps < 1):
-            raise ValueError("GradientSync: accumulation_steps must be an integer >= 1, not %r"
-                             % (accumulation_steps,))
-        if verify_every is not None and (not isinstance(verify_every, int) or verify_every < 1):
-            raise ValueError("GradientSync: verify_every must be an integer >= 1 or None, not %r"
-                             % (verify_every,))
+        _check_counts("GradientSync", accumulation_steps, verify_every)
         self.module = module
         self.params, self.names = self._trainable(module)
         if not self.params:
@@ -739,13 +742,7 @@ class DDPSync:
     def __init__(self, ddp, accumulation_steps=None, context=None, verify_every=None,
                  verify_buffers=False, **options):
         import torch.distributed as dist
-        if accumulation_steps is not None and (not isinstance(accumulation_steps, int) or
-                                               accumulation_steps < 1):
-            raise ValueError("attach: accumulation_steps must be an integer >= 1, not %r"
-                             % (accumulation_steps,))
-        if verify_every is not None and (not isinstance(verify_every, int) or verify_every < 1):
-            raise ValueError("attach: verify_every must be an integer >= 1 or None, not %r"
-                             % (verify_every,))
+        _check_counts("attach", accumulation_steps, verify_every)
         if not hasattr(ddp, "register_comm_hook"):
             raise TypeError("attach: expected a torch.nn.parallel.DistributedDataParallel "
                             "model, got %s" % type(ddp).__name__)
