@@ -117,7 +117,10 @@ typedef struct sf_options {
   int32_t reserved0;        /* must be 0 */
   double prescale;          /* factor for SF_REDUCE_PRESCALED_SUM; env SF_PRESCALE (default 1) */
   double bucket_cap_mb;     /* bucket cap in MiB; env SF_BUCKET_CAP_MB (default 25) */
-  double first_bucket_cap_mb; /* cap of the first bucket; env SF_FIRST_BUCKET_CAP_MB (default 1) */
+  double first_bucket_cap_mb; /* the first bucket closes once it holds this much (since 0.2,
+                                 DDP's rule: it takes a large last-layer weight and starts
+                                 during the backward), never past max(this, bucket_cap_mb);
+                                 env SF_FIRST_BUCKET_CAP_MB (default 1) */
   int64_t timeout_ms;       /* every collective and rendezvous; env SF_TIMEOUT_MS (default 300000).
                                Values above 2^40 ms (about 34.8 years; INT64_MAX is a common
                                "forever") are clamped to 2^40 ms by sf_options_init and
@@ -138,11 +141,12 @@ typedef struct sf_options {
    *  (since 0.2). */
   char rendezvous[SF_RENDEZVOUS_MAX];
   /** Since 0.2. Bucket collectives that may be on the wire at once (Gloo:
-   *  one connection and worker thread per lane; a bucket over 4 MiB travels
-   *  as 4 MiB pieces; the n-th piece started goes to lane n mod
-   *  max_inflight on every rank, each lane keeps its order). 1..16; env
-   *  SF_MAX_INFLIGHT (default 4). Older callers' structs get the default.
-   *  The NCCL backend ignores it. */
+   *  one worker thread per lane, all lanes sharing one connection per peer,
+   *  as ProcessGroupGloo's threads do, each collective with its own tag; a
+   *  bucket over 8 MiB travels as pieces of at most 8 MiB; the n-th piece
+   *  started goes to lane n mod max_inflight on every rank, each lane keeps
+   *  its order). 1..16; env SF_MAX_INFLIGHT (default 4). Older callers'
+   *  structs get the default. The NCCL backend ignores it. */
   int32_t max_inflight;
   /** Since 0.2. How float32 buckets travel (Gloo): SF_DTYPE_FLOAT32 (0, the
    *  default: as they are), SF_DTYPE_BFLOAT16 or SF_DTYPE_FLOAT16 (half the
@@ -243,10 +247,11 @@ SF_API sf_status sf_add_gradient(sf_context* ctx, int64_t numel, sf_dtype dtype,
                                  const char* name, int64_t* out_id);
 
 /**
- * Build the buckets (reverse registration order, capped by bucket_cap_mb,
- * first bucket by first_bucket_cap_mb, one dtype and device per bucket, a
- * gradient never split) and allocate the flat buffer. Local: no
- * communication. Done implicitly by the first sf_gradient_data,
+ * Build the buckets (reverse registration order, capped by bucket_cap_mb;
+ * the first bucket closes once it holds first_bucket_cap_mb, as DDP's
+ * does (since 0.2; 0.1 never let it pass first_bucket_cap_mb); one dtype
+ * and device per bucket, a gradient never split) and allocate the flat
+ * buffer. Local: no communication. Done implicitly by the first sf_gradient_data,
  * sf_grad_ready or sf_synchronize; a second call does nothing.
  * SF_ERR_INVALID_STATE if no gradient is registered.
  */

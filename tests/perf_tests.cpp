@@ -140,9 +140,9 @@ BOOST_AUTO_TEST_CASE(older_callers_get_the_defaults) {
 }
 
 BOOST_AUTO_TEST_CASE(exact_sums_once_per_bucket_for_every_lane_count) {
-  // A 5 MiB gradient is split into pieces across lanes; the small ones make
+  // An 8.2 MiB gradient is split into pieces across lanes; the small ones make
   // several buckets of a 0.5 MiB cap.
-  const std::vector<int64_t> sizes = {1000, 70000, 1280 * 1024, 3, 200000, 65536, 7};
+  const std::vector<int64_t> sizes = {1000, 70000, 2100 * 1024, 3, 200000, 65536, 7};
   int64_t total = 0;
   for (int64_t n : sizes) total += n * 4;
   for (int lanes : {1, 2, 5}) {
@@ -156,7 +156,8 @@ BOOST_AUTO_TEST_CASE(exact_sums_once_per_bucket_for_every_lane_count) {
           BOOST_REQUIRE_MESSAGE(run.error.empty(), run.error);
           BOOST_TEST(run.mismatches == 0, "first wrong value " << run.firstBad << ", expected "
                                                                << run.firstWant);
-          BOOST_TEST(run.buckets == 6);  // [7] [65536] [200000] [3] [5 MiB] [70000 1000]
+          // The first bucket closes once it holds 1 MiB (first_bucket_cap_mb).
+          BOOST_TEST(run.buckets == 5);  // [7 65536] [200000] [3] [8.2 MiB] [70000 1000]
           BOOST_TEST(run.collectives == 2 * run.buckets);  // once per bucket per window
           BOOST_TEST(run.bytes == 2 * total);
         }
@@ -252,7 +253,9 @@ WireRun wireWindow(int rank, int world, sf_dtype wire, const std::string& url, b
   o.bucket_cap_mb = 2;
   ContextHandle h;
   if (sf_create(&o, &h.ctx) != SF_OK) return {sf_last_error()};
-  const std::vector<int64_t> sizes = {1100 * 1024, 4099, 100000};  // one split into pieces
+  // The 8.2 MiB one is split into pieces and carries the window check (its
+  // last piece holds the two unscaled control elements).
+  const std::vector<int64_t> sizes = {2100 * 1024, 4099, 100000};
   for (int64_t n : sizes) {
     int64_t id;
     sf_add_gradient(h.ctx, n, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);

@@ -20,6 +20,9 @@ class Tracer;
 struct ReduceSpec {
   double prescale = 1.0;
   double postscale = 1.0;
+  // Elements from the start of the buffer that the scales apply to (-1: all).
+  // The window-check bucket's last two elements are summed unscaled.
+  int64_t scaledElems = -1;
   int64_t bucket = -1;       // the bucket's index, for the trace
   Tracer* trace = nullptr;   // SF_TRACE: where a backend records wire events
 };

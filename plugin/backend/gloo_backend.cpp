@@ -7,7 +7,6 @@
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "plugin/backend/gloo_mesh.h"
@@ -23,9 +22,11 @@ namespace sfsync {
 namespace {
 
 // Buckets larger than this travel as several collectives on consecutive
-// lanes (with one lane, whole). 4 MiB: on loopback here a 4 MiB piece is past
-// the per-collective latency and several of them keep both cores busy.
-constexpr int64_t kWireChunkBytes = 4 << 20;
+// lanes (with one lane, whole). 8 MiB: a DDP-sized bucket (a few MiB) stays
+// one collective, whose ring pipelines its own segments; a larger one keeps
+// several lanes busy (sfsync-bench: 0.85-0.99x one raw all-reduce at 16 and
+// 64 MiB, where 4 MiB pieces on 4 lanes made end-to-end windows 1-5 % slower).
+constexpr int64_t kWireChunkBytes = 8 << 20;
 
 // Runs f, turning whatever Gloo throws into sfsync::Error.
 template <typename F>
@@ -90,30 +91,24 @@ GlooBackend::GlooBackend(const sf_options& opts, std::shared_ptr<Rendezvous> ren
 GlooBackend::~GlooBackend() = default;
 
 void GlooBackend::connect() {
-  if (!lanes_.empty()) return;
-  // On the worker threads: Gloo's event loops inherit their blocked SIGPIPE.
+  if (lanes_ != 0) return;
+  // On the worker thread: Gloo's event loop inherits its blocked SIGPIPE.
   // Every wait inside is bounded by timeout_ms; this bound (plus the
   // documented slack) keeps the caller's promise even if one were not.
-  auto bounded = [this](std::future<TaskResult> done, const char* what) {
+  if (!context_) {
+    std::future<TaskResult> done = executor_.submit([this] { connectHere(); });
     if (done.wait_until(deadlineAfter(std::chrono::milliseconds(opts_.timeout_ms)) +
                         std::chrono::seconds(2)) != std::future_status::ready) {
-      fail(SF_ERR_TIMEOUT, std::string("gloo ") + what + ": no result within timeout_ms = " +
+      fail(SF_ERR_TIMEOUT, "gloo connect: no result within timeout_ms = " +
                                std::to_string(opts_.timeout_ms) + " (+2 s)");
     }
     done.get().throwIfFailed();
-  };
-  if (!context_) bounded(executor_.submit([this] { connectHere(); }), "connect");
-  const size_t lanes = laneExecutors_.size() + 1;
-  // Shared with the tasks: a task that outlives a timed-out wait writes here.
-  auto contexts = std::make_shared<std::vector<std::shared_ptr<gloo::Context>>>(lanes);
-  (*contexts)[0] = context_;
-  // One lane after the other: a store need not be thread-safe.
-  for (size_t k = 1; k < lanes; ++k) {
-    bounded(executorOf(k).submit([this, k, contexts] { (*contexts)[k] = connectLane(k); }),
-            "connect (lane)");
   }
-  wireScratch_.resize(lanes);
-  lanes_ = *contexts;
+  // Lanes share this context: one connection per peer, each collective with
+  // a tag of its own (Gloo keeps concurrent collectives on a pair apart by
+  // tag), so extra lanes cost a thread, not a connection.
+  lanes_ = laneExecutors_.size() + 1;
+  wireScratch_.resize(lanes_);
 }
 
 void GlooBackend::connectHere() {
@@ -131,18 +126,6 @@ std::shared_ptr<gloo::Context> GlooBackend::connectMesh(
   // Our bounded connect (Gloo's waits 5 x timeout for a silent peer).
   return connectGlooMesh(store, device, opts_.rank, opts_.world_size,
                          std::chrono::milliseconds(opts_.timeout_ms));
-}
-
-std::shared_ptr<gloo::Context> GlooBackend::connectLane(size_t k) {
-  // Its own device (an event loop thread per lane) and its own keys.
-  std::shared_ptr<gloo::Context> made;
-  glooCall("connect (lane)", [&] {
-    gloo::rendezvous::PrefixStore store("lane" + std::to_string(k), *store_);
-    gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    made = connectMesh(store, device);
-  });
-  return made;
 }
 
 void GlooBackend::noteFailure(sf_status status, const std::string& message) {
@@ -164,8 +147,9 @@ namespace {
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
 void reduceNative(const std::shared_ptr<gloo::Context>& context, void* data, int64_t numel,
-                  sf_dtype dtype) {
+                  sf_dtype dtype, uint32_t tag = 0) {
   gloo::AllreduceOptions opts(context);
+  opts.setTag(tag);
   switch (dtype) {
     case SF_DTYPE_FLOAT32:
       setBuffer<float>(opts, data, numel);
@@ -198,7 +182,7 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
   const int64_t elemBytes = int64_t(dtypeSize(dtype));
   const int64_t lineElems = 64 / elemBytes;
   int64_t pieceElems = numel;
-  if (lanes_.size() > 1 && numel * elemBytes > kWireChunkBytes) {
+  if (lanes_ > 1 && numel * elemBytes > kWireChunkBytes) {
     const int64_t pieces = (numel * elemBytes + kWireChunkBytes - 1) / kWireChunkBytes;
     pieceElems = ((numel + pieces - 1) / pieces + lineElems - 1) / lineElems * lineElems;
   }
@@ -207,11 +191,14 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
     const int64_t count = std::min(pieceElems, numel - begin);
     void* at = static_cast<char*>(data) + begin * elemBytes;
     // The reducer serializes its calls: the same sequence on every rank.
-    const size_t lane = nextLane_++ % lanes_.size();
-    auto context = lanes_[lane];
+    // Tags 1..2^31-1 (0 is the control collectives'): the same on every
+    // rank, distinct among the pieces that can be in flight together.
+    const uint32_t tag = 1 + uint32_t(nextPiece_ % 0x7fffffffu);
+    const size_t lane = size_t(nextPiece_++ % lanes_);
+    auto context = context_;
     std::vector<uint16_t>* scratch = &wireScratch_[lane];  // only this lane's thread uses it
     const int64_t piece = int64_t(futures.size());
-    auto task = [this, context, scratch, at, count, dtype, wire, spec, lane, piece] {
+    auto task = [this, context, scratch, at, begin, count, dtype, wire, spec, lane, piece, tag] {
       throwIfFailed();  // another lane failed: fail now, not at this lane's timeout
       Tracer* trace = spec.trace;
       const double t0 = trace ? Tracer::nowUs() : 0;
@@ -230,20 +217,26 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
                           ",\"wire_dtype\":\"" + dtypeName(wire) + "\"");
         }
       } traced{trace, t0, lane, spec.bucket, piece, count * int64_t(dtypeSize(wire)), wire};
+      // The scales apply to this piece's first `scaled` elements (all but a
+      // window-check bucket's two control elements, which are summed as is).
+      const int64_t scaled =
+          spec.scaledElems < 0 ? count : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
       try {
         if (wire != dtype) {
           // float32 carried as 16 bits: round (prescaled), reduce, widen (postscaled).
           if (scratch->size() < size_t(count)) scratch->resize(size_t(count));
-          narrowTo16(scratch->data(), static_cast<const float*>(at), count, wire,
-                     float(spec.prescale));
-          glooCall("allreduce", [&] { reduceNative(context, scratch->data(), count, wire); });
-          widenFrom16(static_cast<float*>(at), scratch->data(), count, wire,
-                      float(spec.postscale));
+          const float* in = static_cast<const float*>(at);
+          narrowTo16(scratch->data(), in, scaled, wire, float(spec.prescale));
+          narrowTo16(scratch->data() + scaled, in + scaled, count - scaled, wire, 1.0f);
+          glooCall("allreduce", [&] { reduceNative(context, scratch->data(), count, wire, tag); });
+          float* out = static_cast<float*>(at);
+          widenFrom16(out, scratch->data(), scaled, wire, float(spec.postscale));
+          widenFrom16(out + scaled, scratch->data() + scaled, count - scaled, wire, 1.0f);
           return;
         }
-        if (spec.prescale != 1.0) scaleInPlace(at, count, dtype, spec.prescale);
-        glooCall("allreduce", [&] { reduceNative(context, at, count, dtype); });
-        if (spec.postscale != 1.0) scaleInPlace(at, count, dtype, spec.postscale);
+        if (spec.prescale != 1.0) scaleInPlace(at, scaled, dtype, spec.prescale);
+        glooCall("allreduce", [&] { reduceNative(context, at, count, dtype, tag); });
+        if (spec.postscale != 1.0) scaleInPlace(at, scaled, dtype, spec.postscale);
       } catch (const Error& e) {
         noteFailure(e.status(), e.what());
         throw;
@@ -273,20 +266,18 @@ void GlooBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
 }
 
 void GlooBackend::barrierQuietly() noexcept {
-  if (lanes_.empty()) return;
+  if (lanes_ == 0) return;
   try {
-    // Every lane: its peers may still read from it until they are done.
+    // Peers may still read from the connections until they are done.
     const auto timeout = std::chrono::milliseconds(std::min<int64_t>(opts_.timeout_ms, 10000));
-    std::vector<std::future<TaskResult>> pending;
-    for (size_t k = 0; k < lanes_.size(); ++k) {
-      auto context = lanes_[k];
-      pending.push_back(executorOf(k).submit([context, timeout] {
-        gloo::BarrierOptions opts(context);
-        opts.setTimeout(timeout);
-        gloo::barrier(opts);
-      }));
-    }
-    for (auto& f : pending) f.wait_for(timeout + std::chrono::seconds(5));
+    auto context = context_;
+    executor_
+        .submit([context, timeout] {
+          gloo::BarrierOptions opts(context);
+          opts.setTimeout(timeout);
+          gloo::barrier(opts);
+        })
+        .wait_for(timeout + std::chrono::seconds(5));
   } catch (...) {
   }
 }

@@ -62,11 +62,11 @@ class GlooBackend : public Backend {
 
  private:
   void connectHere();  // on the worker thread
-  // Lane k >= 1, on its worker thread, after connectHere.
   // Gloo's full mesh through `store`, bounded by timeout_ms (connectGlooMesh).
   std::shared_ptr<gloo::Context> connectMesh(gloo::rendezvous::Store& store,
                                              const std::shared_ptr<gloo::transport::Device>& device);
-  std::shared_ptr<gloo::Context> connectLane(size_t k);
+  // Lanes are worker threads that share the one context (one connection per
+  // peer, as ProcessGroupGloo's threads do); each piece has its own Gloo tag.
   OrderedExecutor& executorOf(size_t lane) { return lane == 0 ? executor_ : *laneExecutors_[lane - 1]; }
   // Records the first failure of any lane; later tasks fail with it.
   void noteFailure(sf_status status, const std::string& message);
@@ -75,10 +75,10 @@ class GlooBackend : public Backend {
   sf_options opts_;
   std::shared_ptr<Rendezvous> rendezvous_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
-  std::shared_ptr<gloo::Context> context_;                 // lane 0
-  std::vector<std::shared_ptr<gloo::Context>> lanes_;      // all lanes, once connected
+  std::shared_ptr<gloo::Context> context_;                 // every lane's, once connected
+  size_t lanes_ = 0;                                       // 0 until connected
   std::vector<std::vector<uint16_t>> wireScratch_;         // per lane, used by its thread only
-  size_t nextLane_ = 0;                                    // of the next startAllreduce
+  uint64_t nextPiece_ = 0;                                 // of the next startAllreduce
   std::atomic<bool> failed_{false};
   std::mutex failureMutex_;
   sf_status failureStatus_ = SF_OK;

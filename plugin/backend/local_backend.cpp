@@ -1,5 +1,7 @@
 #include "plugin/backend/local_backend.h"
 
+#include <algorithm>
+
 #include "plugin/core/dtype.h"
 
 namespace sfsync {
@@ -14,7 +16,8 @@ class DoneWork : public Work {
 std::unique_ptr<Work> LocalBackend::startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                                    ReduceSpec spec) {
   const double factor = spec.prescale * spec.postscale;
-  if (factor != 1.0) scaleInPlace(data, numel, dtype, factor);
+  const int64_t scaled = spec.scaledElems < 0 ? numel : std::min(numel, spec.scaledElems);
+  if (factor != 1.0) scaleInPlace(data, scaled, dtype, factor);
   return std::make_unique<DoneWork>();
 }
 

@@ -38,9 +38,11 @@ std::vector<PlannedBucket> planBuckets(const std::vector<GradSpec>& grads, int64
                                         std::to_string(g.numel) + " is out of range");
     }
     Open& o = open[{g.dtype, g.device}];
-    const int64_t cap = o.closedOne ? capBytes : firstCapBytes;
+    // No bucket takes a gradient that would carry it past the bucket cap (the
+    // first one: past the larger of the two caps).
+    const int64_t limit = o.closedOne ? capBytes : std::max(capBytes, firstCapBytes);
     if (__builtin_add_overflow(o.bucket.bytes, bytes, &sum)) close(o);  // sum > any cap
-    if (!o.bucket.grads.empty() && o.bucket.bytes + bytes > cap) close(o);
+    if (!o.bucket.grads.empty() && o.bucket.bytes + bytes > limit) close(o);
     if (o.bucket.grads.empty()) {
       o.bucket.dtype = g.dtype;
       o.bucket.device = g.device;

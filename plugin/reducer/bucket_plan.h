@@ -7,9 +7,13 @@
 //    gradients are ready first in a backward pass);
 //  - one dtype and device per bucket: each (dtype, device) group fills its
 //    own open bucket;
-//  - a group's first bucket holds at most first_cap bytes, later ones
-//    bucket_cap bytes; a gradient is never split, so one larger than the cap
-//    gets a bucket of its own;
+//  - a group's first bucket closes once it holds first_cap bytes (DDP's
+//    rule: so that it starts during the backward with real bytes in it, e.g.
+//    a large last-layer weight, not only the few bytes before it); later ones
+//    close once they hold bucket_cap bytes;
+//  - no bucket takes a gradient that would carry it past bucket_cap (the
+//    first: past max(bucket_cap, first_cap)); a gradient is never split, so
+//    one larger than the cap gets a bucket of its own;
 //  - buckets are ordered by the position of their last gradient in the walk:
 //    the order in which a backward pass completes them, so launching in
 //    bucket order never makes a complete bucket wait for an incomplete one.

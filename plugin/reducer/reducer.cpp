@@ -387,12 +387,10 @@ void Reducer::start(Bucket& b, bool early) {
   }
   int64_t numel = b.numel;
   if (b.control) {
-    // The control elements must be summed exactly: this bucket is scaled
-    // here (host memory), not by the backend, and only its gradients are;
-    // its modulus fits the dtype it travels in (a 16-bit wire included).
-    if (spec.prescale != 1.0) scaleInPlace(b.storage, b.numel, dtype, spec.prescale);
-    spec.prescale = 1.0;  // keep any other field of the spec
-    spec.postscale = 1.0;
+    // The control elements must be summed exactly: the backend scales only
+    // the gradients (on its lanes, piece by piece, off the caller's path);
+    // the modulus fits the dtype they travel in (a 16-bit wire included).
+    spec.scaledElems = b.numel;
     const int64_t x = window_ % controlModulus_;
     storeValue(b.storage + size_t(b.numel) * esize, dtype, double(x));
     storeValue(b.storage + size_t(b.numel + 1) * esize, dtype, double(x * x));
@@ -525,10 +523,6 @@ void Reducer::synchronize(int64_t window) {
       failWith(e.status(), e.what());
     }
     b.work.reset();
-    if (b.control) {
-      const ReduceSpec spec = reduceSpec();
-      if (spec.postscale != 1.0) scaleInPlace(b.storage, b.numel, b.plan->dtype, spec.postscale);
-    }
     if (b.staged) {
       MemoryOps& memory = memoryFor(b.plan->device);
       try {
