@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """End-to-end benchmark on simulated hosts: sfsync vs DDP, one command.
 
-    sudo /usr/bin/python3 bench/cluster_bench.py            # the full run (~10 min)
+    sudo /usr/bin/python3 bench/cluster_bench.py            # the full run (~5 min idle)
     /usr/bin/python3 bench/cluster_bench.py --smoke          # 2 hosts, 1 rate, seconds
 
 For every host count N (2, 4) and link rate (10gbit, 1gbit, 200mbit, and
@@ -38,12 +38,12 @@ def parse_args(argv=None):
     p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rates", nargs="+", default=RATES + ["loopback"])
     p.add_argument("--variants", nargs="+", default=VARIANTS)
-    p.add_argument("--windows", type=int, default=6)
+    p.add_argument("--windows", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--sfsync-bucket-cap-mb", type=float, default=4.0,
-                   help="sfsync's cap (lanes make small buckets cheap); DDP keeps its 25")
+    p.add_argument("--sfsync-bucket-cap-mb", type=float, default=None,
+                   help="sfsync's bucket cap (default: its own, 25 MiB as DDP's)")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     p.add_argument("--port", type=int, default=29600)
@@ -68,8 +68,9 @@ def run_one(a, n, rate, store_dir):
     a.port += 10  # a fresh port pair per run (TIME_WAIT)
     bench = [PY, BENCH, "--windows", str(a.windows), "--warmup", str(a.warmup),
              "--micro-batches", str(a.micro_batches), "--hidden", str(a.hidden),
-             "--sfsync-bucket-cap-mb", str(a.sfsync_bucket_cap_mb),
              "--sfsync-store-dir", store_dir, "--variants"] + a.variants
+    if a.sfsync_bucket_cap_mb:
+        bench += ["--sfsync-bucket-cap-mb", str(a.sfsync_bucket_cap_mb)]
     if rate == "loopback":
         cmd = [os.path.join(a.build, "plugin", "tools", "sfsync-run"), "-n", str(n),
                "--master-port", str(a.port - 10), "--"] + bench

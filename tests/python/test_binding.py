@@ -548,9 +548,10 @@ class StatsAndBuffers(unittest.TestCase):
 
     def test_buckets_reverse_order_and_caps(self):
         # 3 x 4000 B, registered 0, 1, 2: gradient 2 (ready first in a
-        # backward pass) opens the first bucket, whose cap (4194 B) it alone
-        # fills; 1 and 0 share the next one (8000 B under 8388 B).
-        with local_context(first_bucket_cap_mb=0.004, bucket_cap_mb=0.008) as ctx:
+        # backward pass) opens the first bucket and alone brings it past its
+        # cap (3146 B), which closes it; 1 and 0 share the next one (8000 B
+        # under 8388 B).
+        with local_context(first_bucket_cap_mb=0.003, bucket_cap_mb=0.008) as ctx:
             for n in (1000, 1000, 1000):
                 ctx.add_gradient(n)
             self.assertEqual(ctx.buckets(), [
