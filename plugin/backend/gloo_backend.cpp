@@ -219,8 +219,9 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
       } traced{trace, t0, lane, spec.bucket, piece, count * int64_t(dtypeSize(wire)), wire};
       // The scales apply to this piece's first `scaled` elements (all but a
       // window-check bucket's two control elements, which are summed as is).
-      const int64_t scaled =
-          spec.scaledElems < 0 ? count : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
+      const int64_t scaled = spec.scaledElems < 0
+                                 ? count
+                                 : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
       try {
         if (wire != dtype) {
           // float32 carried as 16 bits: round (prescaled), reduce, widen (postscaled).
