@@ -179,6 +179,22 @@ void expectBounded(const Outcome& o, double timeoutSeconds, std::initializer_lis
              "error after " << o.seconds << " s, timeout " << timeoutSeconds << " s");
 }
 
+// A store server on 127.0.0.1:port that reads its job token from `var`.
+std::unique_ptr<TcpStore> serverWithToken(const char* var, const std::string& value, int port) {
+  ScopedEnv token(var, value);
+  return std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000));
+}
+
+// A client with the environment as it is now, reading rank 0's key.
+Outcome clientReadsRank0(int port) {
+  return bounded(
+      [&] {
+        TcpStore client("127.0.0.1", port, false, milliseconds(1000));
+        client.get("sfsync/0");
+      },
+      10);
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(store_hardening_tests)
@@ -418,18 +434,9 @@ BOOST_AUTO_TEST_CASE(store_survives_fd_exhaustion_process) {
 
 BOOST_AUTO_TEST_CASE(client_without_the_token_is_refused) {
   const int port = sftest::freePort();
-  std::unique_ptr<TcpStore> server;
-  {
-    ScopedEnv token("SF_AUTH_TOKEN", "job-secret-1");
-    server = std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000));
-    server->set("sfsync/0", bytes("rank 0's address"));
-  }
-  const Outcome o = bounded(
-      [&] {
-        TcpStore stranger("127.0.0.1", port, false, milliseconds(1000));
-        stranger.get("sfsync/0");
-      },
-      10);
+  auto server = serverWithToken("SF_AUTH_TOKEN", "job-secret-1", port);
+  server->set("sfsync/0", bytes("rank 0's address"));
+  const Outcome o = clientReadsRank0(port);
   BOOST_TEST(o.finished);
   BOOST_TEST(o.status == SF_ERR_BACKEND, o.message);
   BOOST_TEST(o.message.find("SF_AUTH_TOKEN") != std::string::npos, o.message);
@@ -437,19 +444,10 @@ BOOST_AUTO_TEST_CASE(client_without_the_token_is_refused) {
 
 BOOST_AUTO_TEST_CASE(client_with_a_wrong_token_is_refused) {
   const int port = sftest::freePort();
-  std::unique_ptr<TcpStore> server;
-  {
-    ScopedEnv token("SF_AUTH_TOKEN", "job-secret-2");
-    server = std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000));
-    server->set("sfsync/0", bytes("rank 0's address"));
-  }
+  auto server = serverWithToken("SF_AUTH_TOKEN", "job-secret-2", port);
+  server->set("sfsync/0", bytes("rank 0's address"));
   ScopedEnv wrong("SF_AUTH_TOKEN", "guessed");
-  const Outcome o = bounded(
-      [&] {
-        TcpStore stranger("127.0.0.1", port, false, milliseconds(1000));
-        stranger.get("sfsync/0");
-      },
-      10);
+  const Outcome o = clientReadsRank0(port);
   BOOST_TEST(o.finished);
   BOOST_TEST(o.status == SF_ERR_BACKEND, o.message);
   BOOST_TEST(o.message.find("authentication") != std::string::npos, o.message);
@@ -462,11 +460,7 @@ BOOST_AUTO_TEST_CASE(token_from_a_file_admits_the_job_and_a_bad_file_is_named) {
     f << "file-secret\n";  // the trailing newline is not part of the token
   }
   const int port = sftest::freePort();
-  std::unique_ptr<TcpStore> server;
-  {
-    ScopedEnv file("SF_AUTH_TOKEN_FILE", path);
-    server = std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000));
-  }
+  auto server = serverWithToken("SF_AUTH_TOKEN_FILE", path, port);
   {
     ScopedEnv token("SF_AUTH_TOKEN", "file-secret");
     const Outcome ok = bounded(

@@ -311,6 +311,15 @@ class _Verifier:
         raise ReplicaMismatchError(message, name, step)
 
 
+def _verify_if_due(sync):
+    """verify_every: at a forward pass outside a window, once every
+    verify_every windows, compare the replicas (GradientSync and DDPSync)."""
+    if (sync._verifier is not None and sync.windows - sync._last_verified >= sync._verify_every
+            and not sync.context.in_accumulation()):
+        sync._last_verified = sync.windows
+        sync._verifier.check(sync.windows)
+
+
 def _named_state(module, buffers):
     def named():
         out = [(n, p) for n, p in module.named_parameters()]
@@ -525,10 +534,7 @@ class GradientSync:
             self._attach_grads()
         if self.accumulation_steps:
             self._enter_pass_window()
-        if (self._verifier is not None and self.windows - self._last_verified >=
-                self._verify_every and not self.context.in_accumulation()):
-            self._last_verified = self.windows
-            self._verifier.check(self.windows)
+        _verify_if_due(self)
 
     def _start_pass(self):
         self._in_pass = True
@@ -786,10 +792,7 @@ class DDPSync:
             return
         if self.accumulation_steps:
             self._enter_pass_window()
-        if (self._verifier is not None and self.windows - self._last_verified >=
-                self._verify_every and not self.context.in_accumulation()):
-            self._last_verified = self.windows
-            self._verifier.check(self.windows)
+        _verify_if_due(self)
 
     def _hook(self, bucket):
         import torch.distributed as dist

@@ -47,6 +47,26 @@ plan() {  # plan WINDOWS MICRO ROWS IN
 
 # start STORE TAG PLAN: ranks 0..WORLD-1 on hosts 0..WORLD-1 (one MASTER_PORT
 # for all), outputs in $work/TAG.rankR.
+# Waits for ranks 0..N-1 of run TAG (started at t0) and sets worst_exit (ms
+# after t0 of the last exit), statuses ("rank:status/failing-call-ms ...")
+# and all_failed (1 if every rank failed with SF_ERR_TIMEOUT or SF_ERR_BACKEND).
+await_failures() {
+  local tag=$1 n=$2 r t_exit f st err
+  worst_exit=0 statuses="" all_failed=1
+  for ((r = 0; r < n; r++)); do
+    wait "${pids[r]}"
+    t_exit=$(($(now_ms) - t0))
+    ((t_exit > worst_exit)) && worst_exit=$t_exit
+    f=$work/$tag.rank$r
+    st=$(field "$f" status) err=$(field "$f" errms)
+    statuses+="$r:${st:-none}/${err%.*}ms "
+    if [[ $st != 4 && $st != 5 ]]; then
+      all_failed=0
+      [[ -z $st ]] && echo "    rank $r: no result (hung: killed after ${RANK_LIMIT_S} s)"
+    fi
+  done
+}
+
 start() {
   local store=$1 tag=$2 p=$3 r rdv port=$((29500 + RANDOM % 1000))
   case $store in
@@ -145,19 +165,7 @@ for store in "${stores[@]}"; do
     tag=$store-down$v
     t0=$(now_ms)
     start "$store" "$tag" "$(plan 2 2 16 64)"
-    worst_exit=0 statuses="" all_failed=1
-    for ((r = 0; r < WORLD; r++)); do
-      wait "${pids[r]}"
-      t_exit=$(($(now_ms) - t0))
-      ((t_exit > worst_exit)) && worst_exit=$t_exit
-      f=$work/$tag.rank$r
-      st=$(field "$f" status) err=$(field "$f" errms)
-      statuses+="$r:${st:-none}/${err%.*}ms "
-      if [[ $st != 4 && $st != 5 ]]; then
-        all_failed=0
-        [[ -z $st ]] && echo "    rank $r: no result (hung: killed after ${RANK_LIMIT_S} s)"
-      fi
-    done
+    await_failures "$tag" "$WORLD"
     echo "  $store, host $v's link down from the start: rank:status/failing-call-ms $statuses; last exit ${worst_exit} ms after start"
     ((all_failed)) && ok "$store: host $v unreachable from the start: every rank failed with SF_ERR_TIMEOUT/SF_ERR_BACKEND" ||
       bad "$store: host $v unreachable from the start: not every rank failed ($statuses)"
@@ -176,19 +184,7 @@ for store in "${stores[@]}"; do
     WORLD_STARTED=$((WORLD - 1)) start "$store" "$tag" "$(plan 2 2 16 64)"
     sleep 0.7
     "$CLUSTER" cut "$id" "$sh"
-    worst_exit=0 statuses="" all_failed=1
-    for ((r = 0; r < WORLD - 1; r++)); do
-      wait "${pids[r]}"
-      t_exit=$(($(now_ms) - t0))
-      ((t_exit > worst_exit)) && worst_exit=$t_exit
-      f=$work/$tag.rank$r
-      st=$(field "$f" status) err=$(field "$f" errms)
-      statuses+="$r:${st:-none}/${err%.*}ms "
-      if [[ $st != 4 && $st != 5 ]]; then
-        all_failed=0
-        [[ -z $st ]] && echo "    rank $r: no result (hung: killed after ${RANK_LIMIT_S} s)"
-      fi
-    done
+    await_failures "$tag" $((WORLD - 1))
     "$CLUSTER" heal "$id" "$sh"
     echo "  $store, the store's host $sh cut during the rendezvous: rank:status/failing-call-ms $statuses; last exit ${worst_exit} ms after start"
     ((all_failed)) && ok "$store: store host cut during the rendezvous: every rank failed with SF_ERR_TIMEOUT/SF_ERR_BACKEND" ||

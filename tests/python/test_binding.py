@@ -662,28 +662,42 @@ class DictStore:
             return self.data[key]
 
 
+def run_thread_ranks(test, world, open_context, body):
+    """Runs body(ctx, rank) for every rank on its own thread, each with the
+    context open_context(rank) (closed after); returns (results, errors) by
+    rank and fails `test` if a rank is still running after 60 s."""
+    results, errors = [None] * world, [None] * world
+
+    def run(rank):
+        try:
+            with open_context(rank) as ctx:
+                results[rank] = body(ctx, rank)
+        except BaseException as e:  # noqa: B902 - reported by the caller
+            errors[rank] = e
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    test.assertFalse(any(t.is_alive() for t in threads), "a rank hung")
+    return results, errors
+
+
 class HostStoreFromPython(unittest.TestCase):
     """Context.set_store with Python callables (called from sfsync's threads,
     ctypes taking the GIL), connect, broadcast and the replica check."""
 
     def run_ranks(self, body, store, world=2, prefix="job", timeout_ms=20000):
-        results, errors = [None] * world, [None] * world
-
-        def run(rank):
+        def open_context(rank):
+            ctx = sfsync.Context(rank=rank, world_size=world, rendezvous="host://",
+                                 timeout_ms=timeout_ms)
             try:
-                with sfsync.Context(rank=rank, world_size=world, rendezvous="host://",
-                                    timeout_ms=timeout_ms) as ctx:
-                    ctx.set_store(store.set, store.get, prefix)
-                    results[rank] = body(ctx, rank)
-            except BaseException as e:  # noqa: B902
-                errors[rank] = e
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        self.assertFalse(any(t.is_alive() for t in threads), "a rank hung")
-        return results, errors
+                ctx.set_store(store.set, store.get, prefix)
+            except BaseException:
+                ctx.close()
+                raise
+            return ctx
+        return run_thread_ranks(self, world, open_context, body)
 
     def test_connect_broadcast_and_check(self):
         store = DictStore()
@@ -751,22 +765,11 @@ class TwoRanksInOneProcess(unittest.TestCase):
 
     def run_ranks(self, body, world=2):
         name = "memory://pytest-%s" % uuid.uuid4().hex
-        results, errors = [None] * world, [None] * world
-
-        def run(rank):
-            try:
-                with sfsync.Context(rank=rank, world_size=world, rendezvous=name,
-                                    timeout_ms=20000) as ctx:
-                    results[rank] = body(ctx, rank)
-            except BaseException as e:  # noqa: B902 - reported by the main thread
-                errors[rank] = e
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        self.assertFalse(any(t.is_alive() for t in threads), "a rank hung")
-        return results, errors
+        return run_thread_ranks(
+            self, world,
+            lambda rank: sfsync.Context(rank=rank, world_size=world, rendezvous=name,
+                                        timeout_ms=20000),
+            body)
 
     def test_average_once_per_window(self):
         def body(ctx, rank):
