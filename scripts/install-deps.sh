@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config    # toolchain
+  ccache                              # faster rebuilds (scripts/test.sh uses it when present)
   libgloo-dev libhiredis-dev          # the Gloo backend (TCP, Redis store)
   libboost-test-dev                   # Boost.Test suites
   libssl-dev                          # the env:// store's job token (HMAC-SHA256, libcrypto)

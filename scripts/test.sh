@@ -8,11 +8,19 @@ jobs=$(nproc)
 
 bash scripts/install-deps.sh
 
+# ccache (installed by install-deps.sh) makes rebuilds of an unchanged tree
+# fast; paths are hashed relative to the checkout, so clones share hits.
+launcher=()
+if command -v ccache > /dev/null; then
+  export CCACHE_BASEDIR=$PWD
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+
 build() {  # build DIR [cmake args...]
   local dir=$1; shift
   echo "== configure and build $dir $*"
   mkdir -p "$dir"
-  cmake -S . -B "$dir" "$@" > "$dir/build.log" 2>&1 || { cat "$dir/build.log"; exit 1; }
+  cmake -S . -B "$dir" "${launcher[@]}" "$@" > "$dir/build.log" 2>&1 || { cat "$dir/build.log"; exit 1; }
   cmake --build "$dir" -j "$jobs" >> "$dir/build.log" 2>&1 || { tail -80 "$dir/build.log"; exit 1; }
 }
 

@@ -3,7 +3,7 @@
 // without making it: the private window-state interface
 // (plugin/api/sfsync_internal.h) reports on it, and must not create it.
 
-#include "plugin/core/context.h"
+#include "plugin/orchestrator/context.h"
 
 namespace sfsync {
 

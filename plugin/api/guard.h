@@ -7,7 +7,7 @@
 #include <new>
 #include <string>
 
-#include "plugin/core/context.h"
+#include "plugin/orchestrator/context.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
 #include "sfsync.h"

@@ -1,5 +1,7 @@
 #pragma once
-// A context: one data-parallel group. Responsible for the window state
+// A context: one data-parallel group, the orchestrator above the reducer,
+// the backends and the rendezvous (which it owns and hands down; none of
+// them includes this file). Responsible for the window state
 // machine (what may be communicated when), argument validation and the
 // stats; delegates gradients and buckets to the Reducer and transport to the
 // backends. Not responsible for how bytes move.

@@ -1,4 +1,4 @@
-#include "plugin/core/context.h"
+#include "plugin/orchestrator/context.h"
 
 #include <chrono>
 #include <climits>
