@@ -53,6 +53,12 @@ class MemoryOps {
   virtual void deallocate(void* p) noexcept { std::free(p); }
   virtual void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
   virtual void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
+  // A few bytes of control values (the window check) between host memory
+  // and this memory: write from host `src` to `dst`, ordered before the next
+  // collective's start; read `src` into host `dst` once the collectives
+  // before it are done, bounded by the timeout.
+  virtual void writeControl(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+  virtual void readControl(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
   // Host memory, for gradients that no backend owns yet.
   static MemoryOps& host() {
@@ -78,7 +84,12 @@ class Backend : public MemoryOps {
   // `n` int64 values in host memory across ranks. No work may be in flight.
   virtual void allreduceMaxInt64(int64_t* data, int64_t n) = 0;
 
-  // Best effort before teardown, bounded by the timeout; never throws.
+  // Best effort before teardown, once every collective of this rank is
+  // done, so that no rank tears its connections down while a peer still
+  // reads from them; bounded by the timeout; never throws. It must never be
+  // a collective that could pair with a peer's gradient collective (NCCL
+  // matches by issue order and checks nothing): a peer still synchronizing
+  // then gets an error, never a result mixed with teardown bytes.
   virtual void barrierQuietly() noexcept = 0;
 
   // Blocking: copy `bytes` bytes of host memory at `data` from rank `root`

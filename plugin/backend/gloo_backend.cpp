@@ -269,7 +269,12 @@ void GlooBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
 void GlooBackend::barrierQuietly() noexcept {
   if (lanes_ == 0) return;
   try {
-    // Peers may still read from the connections until they are done.
+    // Peers may still read from the connections until they are done. A
+    // barrier cannot pair with a peer's gradient all-reduce: Gloo matches
+    // messages by slot, and barrier slots (kBarrierSlotPrefix) differ from
+    // all-reduce ones (kAllreduceSlotPrefix), so a peer still synchronizing
+    // waits for its own slot and fails at its timeout or when this rank
+    // closes the connections, never with a mixed result.
     const auto timeout = std::chrono::milliseconds(std::min<int64_t>(opts_.timeout_ms, 10000));
     auto context = context_;
     executor_

@@ -179,17 +179,22 @@ void Reducer::buildLocked() {
   for (const auto& g : grads_) specs.push_back({g.numel, g.dtype, g.device});
   plan_ = planBuckets(specs, capBytes(capMb_), capBytes(firstCapMb_));
 
-  // The window check rides in one host bucket: the most exact dtype, the last
-  // such bucket (every rank plans the same buckets from the same layout,
-  // which verifyLayout checks before the first collective).
+  // The window check rides in one bucket: a host bucket if there is one,
+  // else a device bucket (its two values go through a small pinned copy);
+  // the most exact dtype, the last such bucket (every rank plans the same
+  // buckets from the same layout, which verifyLayout checks before the
+  // first collective).
   controlBucket_ = -1;
   controlModulus_ = 0;
   if (opts_.world_size > 1) {
     int best = 0;
-    for (size_t i = 0; i < plan_.size(); ++i) {
-      if (plan_[i].device != SF_DEVICE_HOST || exactBits(plan_[i].dtype) < best) continue;
-      best = exactBits(plan_[i].dtype);
-      controlBucket_ = int64_t(i);
+    for (sf_device device : {SF_DEVICE_HOST, SF_DEVICE_CUDA}) {
+      for (size_t i = 0; i < plan_.size(); ++i) {
+        if (plan_[i].device != device || exactBits(plan_[i].dtype) < best) continue;
+        best = exactBits(plan_[i].dtype);
+        controlBucket_ = int64_t(i);
+      }
+      if (controlBucket_ >= 0) break;
     }
     if (controlBucket_ >= 0) {
       // A float32 bucket on a 16-bit wire carries its values as that type.
@@ -392,8 +397,14 @@ void Reducer::start(Bucket& b, bool early) {
     // the modulus fits the dtype they travel in (a 16-bit wire included).
     spec.scaledElems = b.numel;
     const int64_t x = window_ % controlModulus_;
-    storeValue(b.storage + size_t(b.numel) * esize, dtype, double(x));
-    storeValue(b.storage + size_t(b.numel + 1) * esize, dtype, double(x * x));
+    char values[16];
+    storeValue(values, dtype, double(x));
+    storeValue(values + esize, dtype, double(x * x));
+    try {
+      memoryFor(b.plan->device).writeControl(b.storage + size_t(b.numel) * esize, values, 2 * esize);
+    } catch (const Error& e) {
+      failWith(e.status(), e.what());
+    }
     controlWindow_ = window_;
     numel += 2;
   }
@@ -422,8 +433,14 @@ void Reducer::checkWindow() {
   const Bucket& b = buckets_[size_t(controlBucket_)];
   const sf_dtype dtype = b.plan->dtype;
   const size_t esize = dtypeSize(dtype);
-  const double sum = loadValue(b.storage + size_t(b.numel) * esize, dtype);
-  const double sumSquares = loadValue(b.storage + size_t(b.numel + 1) * esize, dtype);
+  char values[16];
+  try {
+    memoryFor(b.plan->device).readControl(values, b.storage + size_t(b.numel) * esize, 2 * esize);
+  } catch (const Error& e) {
+    failWith(e.status(), e.what());
+  }
+  const double sum = loadValue(values, dtype);
+  const double sumSquares = loadValue(values + esize, dtype);
   const int64_t w = controlWindow_, x = w % controlModulus_, world = opts_.world_size;
   // world * x^2 <= 2^53: exact in int64 and double. A rank's check passes iff
   // both sums are world times its own values, i.e. iff every rank sent the
@@ -432,7 +449,7 @@ void Reducer::checkWindow() {
   // Failure path only: one small collective for the exact numbers.
   int64_t v[2] = {w, -w};
   try {
-    backendFor_(SF_DEVICE_HOST).allreduceMaxInt64(v, 2);
+    backendFor_(b.plan->device).allreduceMaxInt64(v, 2);
   } catch (const Error& e) {
     failWith(e.status(), std::string("ranks are out of step (their window numbers differ) and "
                                      "gathering the numbers failed: ") + e.what());

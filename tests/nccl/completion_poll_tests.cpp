@@ -50,6 +50,20 @@ BOOST_AUTO_TEST_CASE(done_after_a_few_polls) {
   BOOST_TEST(sleep.sleeps.size() == 4u);
 }
 
+BOOST_AUTO_TEST_CASE(health_is_checked_again_after_the_completion) {
+  // The communicator fails while the work completes (NCCL raises its
+  // asynchronous error independently of the event): the poll says failed.
+  FakeClock::nowUs = 0;
+  int checks = 0;
+  Recorder sleep;
+  const Outcome o = pollUntil<FakeClock>([] { return Poll::kDone; },
+                                         [&] { return ++checks >= 2 ? Poll::kFailed : Poll::kPending; },
+                                         std::chrono::milliseconds(10), std::ref(sleep));
+  BOOST_TEST(int(o) == int(Outcome::kFailed));
+  BOOST_TEST(checks == 2);
+  BOOST_TEST(sleep.sleeps.empty());
+}
+
 BOOST_AUTO_TEST_CASE(health_failure_wins_even_while_the_completion_never_comes) {
   FakeClock::nowUs = 0;
   int checks = 0;

@@ -234,9 +234,11 @@ BOOST_AUTO_TEST_CASE(threads2_every_dtype_flat_and_host_registered) {
     }
   }
   // What NCCL saw is what sfsync counted, plus per rank and context the two
-  // all-reduces of the layout check and one at teardown.
+  // all-reduces of the layout check and, per window, the window check's
+  // two elements summed unscaled beside the averaged bucket (one NCCL
+  // group); none at teardown.
   const int64_t calls = sfStandinNcclCounter("ncclAllReduce") - callsBefore;
-  BOOST_TEST(calls == issued + 8 * 2 * 3);
+  BOOST_TEST(calls == issued + 8 * 2 * 2 + 8 * 2 * 3);
 }
 
 BOOST_AUTO_TEST_CASE(threads4_average_sum_and_prescaled_sum) {
@@ -358,8 +360,10 @@ BOOST_AUTO_TEST_CASE(threads2_adopted_host_communicator) {
   const auto runs = train(sc);
   checkRuns(sc, runs, "adopted");
   for (const auto& r : runs) {
-    // The host's communicator carried everything (layout check, buckets, teardown).
-    BOOST_TEST(r.adoptedCalls == r.stats.collectives_issued + 3);
+    // The host's communicator carried everything: the layout check (2), the
+    // buckets, the window check's unscaled sum per window (3); nothing at
+    // teardown.
+    BOOST_TEST(r.adoptedCalls == r.stats.collectives_issued + 2 + 3);
     BOOST_TEST(r.adoptedUsableAfter, "sf_destroy must not destroy the host's communicator");
   }
   BOOST_TEST(sfStandinLiveComms() == liveBefore);  // the host destroyed its own, nothing leaked
@@ -432,8 +436,9 @@ BOOST_AUTO_TEST_CASE(adoption_after_the_first_synchronization_is_invalid_state) 
 BOOST_AUTO_TEST_CASE(threads2_timeout_aborts_the_communicator_instead_of_hanging) {
   // Both ranks synchronize window 1; in window 2 only rank 0 does. Rank 0
   // must get SF_ERR_TIMEOUT after about timeout_ms, having aborted its
-  // communicator; rank 1 then gets an error from its own synchronize (its
-  // peer aborted) rather than hanging.
+  // communicator; rank 1 then gets an error from its own synchronize rather
+  // than hanging: inside one node NCCL does not tell a peer of an abort, so
+  // rank 1 times out too.
   const std::string rdv = "memory://" + uniqueName("timeout");
   struct Result {
     sf_status first = -1, second = -1, again = -1;
@@ -473,7 +478,7 @@ BOOST_AUTO_TEST_CASE(threads2_timeout_aborts_the_communicator_instead_of_hanging
   BOOST_TEST(results[0].seconds >= 1.4);
   BOOST_TEST(results[0].seconds < 10.0);
   BOOST_TEST(results[0].again == SF_ERR_TIMEOUT, "a failed context keeps failing");
-  BOOST_TEST(results[1].second == SF_ERR_BACKEND, results[1].message);
+  BOOST_TEST(results[1].second == SF_ERR_TIMEOUT, results[1].message);
   BOOST_TEST(results[1].message.find("aborted") != std::string::npos, results[1].message);
 }
 
@@ -747,17 +752,6 @@ BOOST_AUTO_TEST_CASE(host_memory_registered_as_cuda_is_rejected) {
   BOOST_TEST(sf_register_gradient(h.ctx, other, 17, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) ==
              SF_ERR_INVALID_ARGUMENT);
   cudaFree(other);
-}
-
-BOOST_AUTO_TEST_CASE(local_rank_beyond_the_visible_gpus_is_invalid) {
-  ContextHandle h;
-  sf_options o = rankOptions(0, 1, "");
-  o.local_rank = 8;  // the stand-in shows 8 GPUs: 0..7
-  BOOST_TEST_REQUIRE(sf_create(&o, &h.ctx) == SF_OK);
-  int64_t gid;
-  BOOST_TEST(sf_add_gradient(h.ctx, 16, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &gid) == SF_OK);
-  BOOST_TEST(sf_build_buckets(h.ctx) == SF_ERR_INVALID_ARGUMENT);
-  BOOST_TEST(std::string(sf_last_error()).find("local_rank = 8") != std::string::npos, sf_last_error());
 }
 
 BOOST_AUTO_TEST_CASE(backend_selection) {

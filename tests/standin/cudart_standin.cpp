@@ -34,6 +34,10 @@ namespace {
 std::atomic<int64_t> gDeviceSynchronize{0}, gStreamSynchronize{0}, gMalloc{0}, gFree{0},
     gLaunchHostFunc{0}, gEventRecord{0}, gStreamWaitEvent{0};
 thread_local int tDevice = 0;
+// Whether this thread has a current context (CUDA 12+: cudaSetDevice makes
+// the device's primary context current; a fresh thread has none, and
+// cudaGetDevice still says 0).
+thread_local bool tHasContext = false;
 thread_local cudaError_t tLastError = cudaSuccess;
 
 cudaError_t ret(cudaError_t e) {
@@ -158,6 +162,32 @@ cudaError_t cudaGetDeviceCount(int* count) {
 cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= deviceCount()) return ret(cudaErrorInvalidDevice);
   tDevice = device;
+  tHasContext = true;
+  return cudaSuccess;
+}
+
+// The driver's cuCtxGetCurrent / cuCtxSetCurrent, as
+// cudaGetDriverEntryPointByVersion hands them out: a "context" is device + 1.
+static int standinCtxGetCurrent(void** ctx) {
+  if (!ctx) return 1;  // CUDA_ERROR_INVALID_VALUE
+  *ctx = tHasContext ? reinterpret_cast<void*>(intptr_t(tDevice) + 1) : nullptr;
+  return 0;
+}
+static int standinCtxSetCurrent(void* ctx) {
+  tHasContext = ctx != nullptr;
+  tDevice = ctx ? int(reinterpret_cast<intptr_t>(ctx) - 1) : 0;
+  return 0;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int,
+                                             unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  if (!symbol || !fn) return ret(cudaErrorInvalidValue);
+  const std::string name = symbol;
+  *fn = name == "cuCtxGetCurrent"   ? reinterpret_cast<void*>(&standinCtxGetCurrent)
+        : name == "cuCtxSetCurrent" ? reinterpret_cast<void*>(&standinCtxSetCurrent)
+                                    : nullptr;
+  if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
 
@@ -404,7 +434,8 @@ cudaError_t cudaDriverGetVersion(int* v) {
 // How many times a function ran in this process: "cudaDeviceSynchronize",
 // "cudaStreamSynchronize", "cudaMalloc" (all allocations), "cudaFree" (all
 // frees), "cudaLaunchHostFunc", "cudaEventRecord", "cudaStreamWaitEvent";
-// "live_allocations" is the number not yet freed. -1 for an unknown name.
+// "live_allocations" is the number not yet freed; "thread_device" the device
+// of the calling thread's current context (-1: none). -1 for an unknown name.
 SF_STANDIN_EXPORT int64_t sfStandinCudaCounter(const char* name) {
   const std::string n = name ? name : "";
   if (n == "cudaDeviceSynchronize") return gDeviceSynchronize;
@@ -414,6 +445,7 @@ SF_STANDIN_EXPORT int64_t sfStandinCudaCounter(const char* name) {
   if (n == "cudaLaunchHostFunc") return gLaunchHostFunc;
   if (n == "cudaEventRecord") return gEventRecord;
   if (n == "cudaStreamWaitEvent") return gStreamWaitEvent;
+  if (n == "thread_device") return tHasContext ? tDevice : -1;  // this thread's current context
   if (n == "live_allocations") {
     std::lock_guard<std::mutex> lock(gAllocMutex);
     return int64_t(allocations().size());

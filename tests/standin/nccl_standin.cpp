@@ -8,17 +8,31 @@
 // reaches it), in-place or out-of-place buffers, sum/prod/max/min/avg and
 // ncclRedOpCreatePreMulSum (each rank multiplies its own input by its own
 // scalar), non-blocking initialization (config.blocking = 0: init returns
-// ncclInProgress, ncclCommGetAsyncError says when it is done), abort (a
-// collective waiting for peers gives up; the peers get ncclRemoteError).
-// Results are deterministic and identical on every rank (fixed rank order,
-// 16-bit floats accumulated in float).
+// ncclInProgress, ncclCommGetAsyncError says when it is done), abort as
+// inside one node (a collective waiting for peers gives up; the peers are
+// not told: theirs wait on until they abort too), ncclCommFinalize (flushes
+// this rank's queued collectives) and ncclCommDestroy (blocks while they are
+// queued, as NCCL's implicit finalize does). Results are deterministic and
+// identical on every rank (fixed rank order, 16-bit floats accumulated in
+// float).
+//
+// Strict where NCCL is undefined: collectives pair by issue order, and a
+// pairing whose (sequence number, kind, count, dtype, op, root) differ fails
+// on every rank with ncclInvalidUsage (real NCCL would corrupt or hang); a
+// collective that waits for a rank which destroyed its communicator before
+// issuing it fails the same way. In the in-progress mode
+// (SF_STANDIN_NCCL_IN_PROGRESS=1 or sfStandinInProgressMode) a collective on
+// a non-blocking communicator returns ncclInProgress and settles after two
+// ncclCommGetAsyncError polls; destroying a reduction operator before then
+// fails the collective that uses it.
 //
 // Test hooks (not NCCL), see README.md: sfStandinNcclCounter,
 // sfStandinCommCounters, sfStandinLiveComms, sfStandinInjectAsyncError,
-// sfStandinFailNext.
+// sfStandinFailNext, sfStandinInProgressMode, sfStandinStallFinalize.
 
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
+#include <cstdlib>
 #include <nccl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -55,18 +69,45 @@ struct Shared {
   std::atomic<uint64_t> generation;
 };
 
-size_t segmentBytes(int nranks) { return 4096 + size_t(nranks) * kChunk; }
+// What one rank's current collective is, for the pairing check, and whether
+// the rank destroyed its communicator (after issuing `issued` collectives).
+struct Desc {
+  std::atomic<uint64_t> seq, count;
+  std::atomic<int32_t> kind, type, op, root;
+  std::atomic<int32_t> departed;
+  std::atomic<uint64_t> issued;
+};
+
+size_t headerBytes(int nranks) {
+  return (sizeof(Shared) + size_t(nranks) * sizeof(Desc) + 4095) / 4096 * 4096;
+}
+size_t segmentBytes(int nranks) { return headerBytes(nranks) + size_t(nranks) * kChunk; }
 
 std::atomic<int64_t> gAllReduceCalls{0}, gAllReduceBytes{0}, gBroadcastCalls{0};
+std::atomic<int64_t> gAborts{0}, gDestroys{0}, gFinalizes{0}, gMismatches{0};
+std::atomic<bool> gInProgressMode{std::getenv("SF_STANDIN_NCCL_IN_PROGRESS") != nullptr &&
+                                  std::string(std::getenv("SF_STANDIN_NCCL_IN_PROGRESS")) == "1"};
+std::atomic<bool> gStallFinalize{false};
+thread_local int tGroupDepth = 0;
+thread_local std::vector<std::shared_ptr<struct CommState>> tGroupPending;  // in-progress mode
+// How long ncclCommDestroy blocks for queued collectives before the stand-in
+// gives up (NCCL would block for ever; a test must not).
+constexpr auto kDestroyCap = std::chrono::seconds(20);
 thread_local std::string tLastError;
 
 // The state a communicator and its queued collectives share: the segment is
 // unmapped when the last of them lets go.
 struct CommState {
   int nranks = 0, rank = 0, device = 0;
+  bool blocking = true;
   std::string name;
   Shared* shared = nullptr;
+  Desc* descs = nullptr;
   char* slots = nullptr;
+  std::atomic<uint64_t> issued{0};  // collectives enqueued (their sequence numbers)
+  std::atomic<int> queued{0};       // enqueued and not finished
+  std::atomic<int> inProgressPolls{0};  // in-progress mode: polls until the last call settles
+  std::atomic<bool> finalizing{false};
   std::atomic<bool> aborted{false};
   std::atomic<int> running{0};  // collectives of this rank executing now
   std::atomic<int> asyncError{ncclSuccess};
@@ -90,21 +131,31 @@ struct CommState {
   }
   char* slot(int r) { return slots + size_t(r) * kChunk; }
 
-  // false if this rank or a peer aborted.
-  bool stillGoing() {
-    if (aborted.load()) return false;
-    int by = shared->abortedBy.load();
-    if (by != 0) {
-      setError(ncclRemoteError, "NCCL stand-in: rank " + std::to_string(by - 1) +
-                                    " aborted the communicator");
-      return false;
+  // false if this rank aborted. A peer's abort is not noticed (inside one
+  // node NCCL does not tell): this rank waits on until it aborts itself.
+  bool stillGoing() { return !aborted.load(); }
+  // A rank that destroyed its communicator before issuing collective `seq`,
+  // which therefore can never pair; -1 if none.
+  int departedBefore(uint64_t seq) {
+    for (int r = 0; seq && r < nranks; ++r) {
+      if (descs[r].departed.load() && descs[r].issued.load() < seq) return r;
     }
-    return true;
+    return -1;
   }
   template <typename Pred>
-  bool spinUntil(Pred done) {
+  bool spinUntil(Pred done, uint64_t seq = 0) {
     for (int spins = 0; !done(); ++spins) {
       if (!stillGoing()) return false;
+      const int gone = departedBefore(seq);
+      if (gone >= 0) {
+        if (done()) return true;
+        setError(ncclInvalidUsage, "NCCL stand-in: rank " + std::to_string(rank) + "'s collective #" +
+                                       std::to_string(seq) + " waits for rank " + std::to_string(gone) +
+                                       ", which destroyed its communicator after issuing " +
+                                       std::to_string(descs[gone].issued.load()) +
+                                       " collectives (real NCCL: undefined, a hang or garbage)");
+        return false;
+      }
       if (spins < 200) {
         std::this_thread::yield();
       } else {
@@ -113,14 +164,14 @@ struct CommState {
     }
     return true;
   }
-  bool barrier() {
+  bool barrier(uint64_t seq = 0) {
     const uint64_t g = shared->generation.load();
     if (shared->count.fetch_add(1) + 1 == uint64_t(nranks)) {
       shared->count.store(0);
       shared->generation.fetch_add(1);
       return true;
     }
-    return spinUntil([&] { return shared->generation.load() != g; });
+    return spinUntil([&] { return shared->generation.load() != g; }, seq);
   }
   bool join() {
     shared->joined.fetch_add(1);
@@ -278,7 +329,60 @@ struct Collective {
   ncclRedOp_t op;      // ncclSum for a pre-multiplied sum
   double prescale;     // this rank's own factor (1 unless pre-multiplied)
   int root;            // broadcast root, -1 for an all-reduce
+  uint64_t seq = 0;    // this rank's issue number (1, 2, ...), set by enqueue
+  int32_t opClass = 0; // the op as paired ranks must agree on it (ncclNumOps: pre-multiplied sum)
+  const char* kind = "ncclAllReduce";
 };
+
+const char* typeName(int t) {
+  switch (t) {
+    case ncclInt8: return "int8"; case ncclUint8: return "uint8"; case ncclInt32: return "int32";
+    case ncclUint32: return "uint32"; case ncclInt64: return "int64"; case ncclUint64: return "uint64";
+    case ncclFloat16: return "float16"; case ncclBfloat16: return "bfloat16";
+    case ncclFloat32: return "float32"; case ncclFloat64: return "float64"; default: return "?";
+  }
+}
+
+std::string describe(const std::string& kind, uint64_t seq, uint64_t count, int type, int op, int root) {
+  static const char* ops[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+  std::string s = kind + " #" + std::to_string(seq) + " (" + std::to_string(count) + " x " + typeName(type);
+  s += root >= 0 ? ", root " + std::to_string(root) : std::string(", ") + ops[std::min(op, 5)];
+  return s + ")";
+}
+
+// The pairing check, at the start of every collective: each rank publishes
+// what it runs, all meet, all compare. Every rank sees the same descriptors,
+// so either all fail or none; a second meeting keeps the descriptors until
+// everyone read them. false: the collective must not run.
+bool pairs(Collective& c) {
+  CommState& s = *c.comm;
+  Desc& mine = s.descs[s.rank];
+  const int32_t kind = c.root < 0 ? 0 : 1;
+  mine.seq = c.seq;
+  mine.count = c.count;
+  mine.kind = kind;
+  mine.type = int32_t(c.type);
+  mine.op = c.root < 0 ? c.opClass : 0;
+  mine.root = c.root;
+  if (!s.barrier(c.seq)) return false;
+  std::string why;
+  for (int r = 0; r < s.nranks && why.empty(); ++r) {
+    const Desc& d = s.descs[r];
+    if (d.seq != mine.seq || d.kind != kind || d.count != mine.count || d.type != mine.type ||
+        d.op != mine.op || d.root != mine.root) {
+      why = "NCCL stand-in: rank " + std::to_string(s.rank) + "'s " +
+            describe(c.kind, c.seq, c.count, c.type, mine.op, c.root) + " was paired with rank " +
+            std::to_string(r) + "'s " +
+            describe(d.kind ? "ncclBroadcast" : "ncclAllReduce", d.seq, d.count, d.type, d.op, d.root) +
+            " (real NCCL: undefined, corrupt results or a hang)";
+    }
+  }
+  if (!s.barrier(c.seq)) return false;
+  if (why.empty()) return true;
+  ++gMismatches;
+  s.setError(ncclInvalidUsage, why);
+  return false;
+}
 
 void runAllReduce(Collective& c) {
   CommState& s = *c.comm;
@@ -346,13 +450,14 @@ void CUDART_CB runCollective(void* arg) {
   std::unique_ptr<Collective> c(static_cast<Collective*>(arg));
   CommState& s = *c->comm;
   s.running.fetch_add(1);  // before the check: an abort that misses us waits for us
-  if (s.stillGoing()) {
+  if (s.stillGoing() && pairs(*c)) {
     if (c->root < 0) {
       runAllReduce(*c);
     } else {
       runBroadcast(*c);
     }
   }
+  s.queued.fetch_sub(1);
   s.running.fetch_sub(1);
 }
 
@@ -379,13 +484,30 @@ ncclResult_t enqueue(const char* function, ncclComm_t comm, const void* send, vo
     }
     c->op = ncclSum;
     c->prescale = it->second.second;
+    c->opClass = ncclNumOps;
   } else if (root < 0 && (op < ncclSum || op > ncclAvg)) {
     delete c;
     return error(ncclInvalidArgument, std::string(function) + ": invalid reduction operator");
   }
+  if (root < 0 && op < ncclNumOps) c->opClass = int32_t(op);
+  c->kind = function;
+  c->seq = s->issued.load() + 1;
+  s->queued.fetch_add(1);
   if (cudaLaunchHostFunc(stream, runCollective, c) != cudaSuccess) {
+    s->queued.fetch_sub(1);
     delete c;
     return error(ncclUnhandledCudaError, std::string(function) + ": cannot enqueue on the stream");
+  }
+  s->issued.fetch_add(1);
+  s->descs[s->rank].issued = s->issued.load();
+  if (!s->blocking && gInProgressMode.load() && tGroupDepth > 0) {
+    tGroupPending.push_back(comm->state);  // ncclGroupEnd returns ncclInProgress
+  } else if (!s->blocking && gInProgressMode.load()) {
+    // As NCCL may on a non-blocking communicator: the call is still being
+    // enqueued; ncclCommGetAsyncError says when it settled.
+    s->inProgressPolls = 2;
+    s->asyncError = ncclInProgress;
+    return ncclInProgress;
   }
   return ncclSuccess;
 }
@@ -461,7 +583,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   ::close(fd);
   if (m == MAP_FAILED) return error(ncclSystemError, "ncclCommInitRank: mmap failed");
   state->shared = static_cast<Shared*>(m);
-  state->slots = static_cast<char*>(m) + 4096;
+  state->descs = reinterpret_cast<Desc*>(static_cast<char*>(m) + sizeof(Shared));
+  state->slots = static_cast<char*>(m) + headerBytes(nranks);
 
   auto* comm = new ncclComm{state};
   {
@@ -470,6 +593,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   }
   *out = comm;
   const bool blocking = !config || config->blocking != 0;
+  state->blocking = blocking;
   if (blocking) {
     if (!state->join()) return error(ncclRemoteError, "ncclCommInitRank: aborted while joining");
     return ncclSuccess;
@@ -492,7 +616,16 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* result) {
   CommState* s = stateOf(comm);
   if (!s || !result) return error(ncclInvalidArgument, "ncclCommGetAsyncError: invalid arguments");
-  if (s->asyncError.load() == ncclSuccess) s->stillGoing();  // notices a peer's abort
+  if (s->asyncError.load() == ncclInProgress && s->inProgressPolls.load() > 0 &&
+      s->inProgressPolls.fetch_sub(1) == 1) {
+    int expected = ncclInProgress;
+    s->asyncError.compare_exchange_strong(expected, ncclSuccess);
+  }
+  if (s->asyncError.load() == ncclInProgress && s->finalizing.load() && s->queued.load() == 0 &&
+      !gStallFinalize.load()) {
+    int expected = ncclInProgress;
+    s->asyncError.compare_exchange_strong(expected, ncclSuccess);
+  }
   *result = ncclResult_t(s->asyncError.load());
   return ncclSuccess;
 }
@@ -522,14 +655,29 @@ static ncclResult_t release(ncclComm_t comm, bool abort) {
   std::shared_ptr<CommState> state;
   {
     std::lock_guard<std::mutex> lock(gLiveMutex);
-    if (!live().erase(comm)) {
+    if (!live().count(comm)) {
       return error(ncclInvalidArgument, abort ? "ncclCommAbort: invalid or destroyed communicator"
                                               : "ncclCommDestroy: invalid or destroyed communicator");
     }
-    state = std::move(comm->state);
+    state = comm->state;
+  }
+  if (!abort) {
+    // NCCL's destroy finalizes first: it blocks while this rank's collectives
+    // are queued (for ever if a peer never comes; the stand-in gives up).
+    ++gDestroys;
+    const auto until = std::chrono::steady_clock::now() + kDestroyCap;
+    while ((state->queued.load() != 0 || gStallFinalize.load()) && !state->aborted.load() &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    if (!live().erase(comm)) return error(ncclInvalidArgument, "ncclCommDestroy: destroyed meanwhile");
     delete comm;
   }
   if (abort) {
+    ++gAborts;
     state->aborted = true;
     int expected = 0;
     state->shared->abortedBy.compare_exchange_strong(expected, state->rank + 1);
@@ -538,14 +686,39 @@ static ncclResult_t release(ncclComm_t comm, bool abort) {
     // (they no longer touch the caller's buffers).
     while (state->running.load() != 0) std::this_thread::yield();
   }
+  if (!abort) {
+    // Departed: a peer's collective this rank never issued can never pair.
+    // (An abort tells nobody, as inside one node: peers wait for their own.)
+    state->descs[state->rank].issued = state->issued.load();
+    state->descs[state->rank].departed = 1;
+  }
   if (state->initThread.joinable()) state->initThread.join();
   return ncclSuccess;  // queued collectives keep the state alive until they ran
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release(comm, false); }
 ncclResult_t ncclCommAbort(ncclComm_t comm) { return release(comm, true); }
+// Flushes this rank's queued collectives: on a non-blocking communicator it
+// returns ncclInProgress and ncclCommGetAsyncError says ncclSuccess once they
+// ran (never, with sfStandinStallFinalize); a blocking one waits (capped).
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  return stateOf(comm) ? ncclSuccess : error(ncclInvalidArgument, "ncclCommFinalize: invalid communicator");
+  CommState* s = stateOf(comm);
+  if (!s) return error(ncclInvalidArgument, "ncclCommFinalize: invalid communicator");
+  if (s->asyncError.load() == ncclInProgress) {
+    return error(ncclInvalidUsage, "ncclCommFinalize: the communicator's last call has not settled");
+  }
+  ++gFinalizes;
+  s->finalizing = true;
+  if (s->blocking) {
+    const auto until = std::chrono::steady_clock::now() + kDestroyCap;
+    while ((s->queued.load() != 0 || gStallFinalize.load()) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return ncclSuccess;
+  }
+  int expected = ncclSuccess;
+  s->asyncError.compare_exchange_strong(expected, ncclInProgress);
+  return ncclInProgress;
 }
 
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t type,
@@ -565,8 +738,17 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTyp
 
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   CommState* s = stateOf(comm);
-  if (!s || !s->preMulOps.erase(int(op))) {
+  if (!s || !s->preMulOps.count(int(op))) {
     return error(ncclInvalidArgument, "ncclRedOpDestroy: unknown operator");
+  }
+  s->preMulOps.erase(int(op));
+  if (s->asyncError.load() == ncclInProgress) {
+    // nccl.h: only once the call that uses it has returned and settled.
+    // Undefined in NCCL; here the communicator fails.
+    const std::string m = "NCCL stand-in: ncclRedOpDestroy while the call using the operator is still "
+                          "in progress (ncclInProgress not yet settled)";
+    s->setError(ncclInvalidUsage, m);
+    return error(ncclInvalidUsage, m);
   }
   return ncclSuccess;
 }
@@ -600,8 +782,22 @@ ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, 
 
 // Collectives are enqueued as they are called, in the same order on every
 // rank, so a group needs no extra work here.
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+// In the in-progress mode, a group with a call on a non-blocking
+// communicator ends with ncclInProgress (as NCCL's ncclGroupEnd may).
+ncclResult_t ncclGroupStart() {
+  ++tGroupDepth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (tGroupDepth == 0) return error(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--tGroupDepth > 0 || tGroupPending.empty()) return ncclSuccess;
+  for (auto& s : tGroupPending) {
+    s->inProgressPolls = 2;
+    s->asyncError = ncclInProgress;
+  }
+  tGroupPending.clear();
+  return ncclInProgress;
+}
 
 }  // extern "C"
 
@@ -614,6 +810,10 @@ SF_STANDIN_EXPORT int64_t sfStandinNcclCounter(const char* name) {
   if (n == "ncclAllReduce") return gAllReduceCalls;
   if (n == "ncclAllReduce_bytes") return gAllReduceBytes;
   if (n == "ncclBroadcast") return gBroadcastCalls;
+  if (n == "ncclCommAbort") return gAborts;
+  if (n == "ncclCommDestroy") return gDestroys;
+  if (n == "ncclCommFinalize") return gFinalizes;
+  if (n == "mismatches") return gMismatches;
   return -1;
 }
 
@@ -647,3 +847,12 @@ SF_STANDIN_EXPORT void sfStandinFailNext(const char* function, ncclResult_t r) {
   std::lock_guard<std::mutex> lock(gFailMutex);
   failNext()[function] = r;
 }
+
+// In-progress mode on (1) or off (0): a collective on a non-blocking
+// communicator returns ncclInProgress and settles after two
+// ncclCommGetAsyncError polls (also SF_STANDIN_NCCL_IN_PROGRESS=1).
+SF_STANDIN_EXPORT void sfStandinInProgressMode(int on) { gInProgressMode = on != 0; }
+
+// While on: ncclCommFinalize never settles and ncclCommDestroy blocks (for
+// at most 20 s), as with a peer whose network flush never ends.
+SF_STANDIN_EXPORT void sfStandinStallFinalize(int on) { gStallFinalize = on != 0; }

@@ -22,7 +22,10 @@ enum class Outcome { kDone, kFailed, kTimedOut };
 // Calls done() and healthy() until done() says kDone (kDone), either says
 // kFailed (kFailed), or `timeout` passed on `Clock` (kTimedOut). The health
 // check runs before every completion check, so an asynchronous error is seen
-// even while the completion never comes (a peer that died). Spins with yields
+// even while the completion never comes (a peer that died), and once more
+// after the completion: an error raised while the work finished (NCCL sets
+// it asynchronously, the event may complete anyway) is kFailed, never kDone.
+// Spins with yields
 // for about 20 us, then sleeps with a growing pause of at most `maxPause`,
 // so that waiting costs little CPU and a finished collective is seen within
 // about maxPause.
@@ -35,7 +38,7 @@ Outcome pollUntil(Done done, Healthy healthy, std::chrono::milliseconds timeout,
   for (int round = 0;; ++round) {
     if (healthy() == Poll::kFailed) return Outcome::kFailed;
     switch (done()) {
-      case Poll::kDone: return Outcome::kDone;
+      case Poll::kDone: return healthy() == Poll::kFailed ? Outcome::kFailed : Outcome::kDone;
       case Poll::kFailed: return Outcome::kFailed;
       case Poll::kPending: break;
     }

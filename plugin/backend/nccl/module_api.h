@@ -85,9 +85,13 @@ typedef struct sfn_api {
   /* In-place all-reduce of `numel` elements (sf_dtype) at `data` on the
    * plugin's stream, after everything the host queued on its stream so far:
    * average (ncclAvg) when postscale == 1/world_size and prescale == 1, sum
-   * when both are 1, else a pre-multiplied sum by prescale * postscale. */
-  int32_t (*allreduce_start)(sfn_comm* comm, void* data, int64_t numel, int32_t dtype,
-                             double prescale, double postscale, sfn_work** out, sfn_error* err);
+   * when both are 1, else a pre-multiplied sum by prescale * postscale. The
+   * scales apply to the first `scaled_numel` elements (-1: all); the rest
+   * (the window check's two elements) are summed unscaled, in the same
+   * NCCL group. */
+  int32_t (*allreduce_start)(sfn_comm* comm, void* data, int64_t numel, int64_t scaled_numel,
+                             int32_t dtype, double prescale, double postscale, sfn_work** out,
+                             sfn_error* err);
   /* Wait (polling, never blocking the device) until the work is done, then
    * order the host's stream after it. An NCCL asynchronous error or the
    * timeout aborts the communicator (SF_ERR_BACKEND / SF_ERR_TIMEOUT).
@@ -97,6 +101,16 @@ typedef struct sfn_api {
   /* Blocking elementwise max of `n` int64 values in host memory. */
   int32_t (*allreduce_max_int64)(sfn_comm* comm, int64_t* data, int64_t n, int64_t timeout_ms,
                                  sfn_error* err);
+
+  /* Control values (at most 256 bytes; the window check's two elements):
+   * mem_write copies host memory at `src` to device memory at `dst` on the
+   * host's stream through pinned staging (`src` may be reused at once; the
+   * next mem_write only after the collectives that read this one finished);
+   * mem_read copies device memory at `src` on the host's stream into host
+   * memory at `dst` and waits for that copy alone, bounded by timeout_ms. */
+  int32_t (*mem_write)(sfn_device* dev, void* dst, const void* src, size_t bytes, sfn_error* err);
+  int32_t (*mem_read)(sfn_device* dev, void* dst, const void* src, size_t bytes, int64_t timeout_ms,
+                      sfn_error* err);
 } sfn_api;
 
 /* The module's one exported function: its table, or NULL if it does not

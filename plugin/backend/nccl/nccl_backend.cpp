@@ -7,6 +7,7 @@
 
 #include "plugin/backend/nccl/module_loader.h"
 #include "plugin/core/error.h"
+#include "plugin/core/log.h"
 #include "plugin/rendezvous/rendezvous.h"
 
 namespace sfsync {
@@ -14,6 +15,7 @@ namespace sfsync {
 namespace {
 
 constexpr const char* kUniqueIdKey = "nccl_unique_id";
+constexpr const char* kByeKey = "nccl_bye/";
 
 class NcclWork : public Work {
  public:
@@ -69,13 +71,16 @@ void NcclBackend::check(int32_t status, const sfn_error& err) const {
 sfn_device* NcclBackend::device() {
   if (device_) return device_;
   if (deviceIndex_ < 0) {
-    if (opts_.local_rank >= deviceCount_) {
+    if (opts_.local_rank < 0 || deviceCount_ <= 0) {
       fail(SF_ERR_INVALID_ARGUMENT, "nccl: local_rank = " + std::to_string(opts_.local_rank) +
-                                        " selects GPU " + std::to_string(opts_.local_rank) +
-                                        ", but only " + std::to_string(deviceCount_) +
-                                        " GPU(s) are visible");
+                                        " with " + std::to_string(deviceCount_) + " visible GPU(s)");
     }
-    deviceIndex_ = opts_.local_rank;
+    deviceIndex_ = opts_.local_rank % deviceCount_;
+    if (opts_.local_rank >= deviceCount_ && deviceCount_ > 1) {
+      SF_LOG(kWarn, "nccl", "local_rank " << opts_.local_rank << " is beyond the " << deviceCount_
+                                          << " visible GPUs: using GPU " << deviceIndex_
+                                          << " (shared with local_rank " << deviceIndex_ << ")");
+    }
   }
   sfn_error err;
   check(api_.device_open(deviceIndex_, &device_, &err), err);
@@ -168,7 +173,8 @@ std::unique_ptr<Work> NcclBackend::startAllreduce(void* data, int64_t numel, sf_
   connect();
   sfn_work* work = nullptr;
   sfn_error err;
-  check(api_.allreduce_start(comm_, data, numel, dtype, spec.prescale, spec.postscale, &work, &err),
+  check(api_.allreduce_start(comm_, data, numel, spec.scaledElems, dtype, spec.prescale,
+                             spec.postscale, &work, &err),
         err);
   return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
 }
@@ -180,13 +186,20 @@ void NcclBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
 }
 
 void NcclBackend::barrierQuietly() noexcept {
-  // A tiny collective so that no rank destroys its communicator while a peer
-  // still needs it; bounded, errors ignored (the context is going away).
-  if (!comm_ || barrierDone_) return;
+  // Bounded, errors ignored (the context is going away). An adopted
+  // communicator stays the host's: nothing of ours to tear down.
+  if (!comm_ || barrierDone_ || adopted_ || !store_ || opts_.world_size <= 1) return;
   barrierDone_ = true;
-  int64_t x = 0;
-  sfn_error err;
-  api_.allreduce_max_int64(comm_, &x, 1, std::min<int64_t>(opts_.timeout_ms, 10000), &err);
+  try {
+    store_->set(std::string(kByeKey) + std::to_string(opts_.rank), std::vector<char>{1});
+    std::vector<std::string> keys;
+    for (int r = 0; r < opts_.world_size; ++r) keys.push_back(std::string(kByeKey) + std::to_string(r));
+    store_->wait(keys, std::chrono::milliseconds(std::min<int64_t>(opts_.timeout_ms, 10000)));
+  } catch (const std::exception& e) {
+    SF_LOG(kInfo, "nccl", "goodbye: not every rank said goodbye (" << e.what()
+                                                                     << "); tearing the communicator down");
+  } catch (...) {
+  }
 }
 
 void* NcclBackend::allocate(size_t bytes) {
@@ -211,6 +224,18 @@ void NcclBackend::zero(void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   sfn_error err;
   check(api_.mem_zero(device(), p, bytes, &err), err);
+}
+
+void NcclBackend::writeControl(void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sfn_error err;
+  check(api_.mem_write(device(), dst, src, bytes, &err), err);
+}
+
+void NcclBackend::readControl(void* dst, const void* src, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sfn_error err;
+  check(api_.mem_read(device(), dst, src, bytes, opts_.timeout_ms, &err), err);
 }
 
 void NcclBackend::broadcast(void*, size_t, int) {

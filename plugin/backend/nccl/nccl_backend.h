@@ -38,6 +38,12 @@ class NcclBackend : public Backend {
   std::unique_ptr<Work> startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                        ReduceSpec spec) override;
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
+  // A goodbye through the rendezvous store, not a collective: publishes
+  // "nccl_bye/<rank>" and waits (at most min(timeout_ms, 10 s)) until every
+  // rank published its own, so that the communicator is torn down once no
+  // peer uses it. A peer still synchronizing waits in its bucket's
+  // collective, which fails at its timeout (or at this rank's departure),
+  // instead of pairing with a teardown collective.
   void barrierQuietly() noexcept override;
   // SF_ERR_UNSUPPORTED: sf_broadcast moves host memory, which is Gloo's.
   void broadcast(void* data, size_t bytes, int root) override;
@@ -46,6 +52,8 @@ class NcclBackend : public Backend {
   void deallocate(void* p) noexcept override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void zero(void* p, size_t bytes) override;
+  void writeControl(void* dst, const void* src, size_t bytes) override;
+  void readControl(void* dst, const void* src, size_t bytes) override;
 
   // The host's cudaStream_t (NULL: the legacy default stream).
   void setHostStream(void* stream);
@@ -66,7 +74,10 @@ class NcclBackend : public Backend {
   std::mutex mutex_;
   void* hostStream_ = nullptr;
   void* adopted_ = nullptr;
-  int32_t deviceIndex_ = -1;  // local_rank, or the adopted communicator's device
+  // The GPU: the adopted communicator's, else local_rank % (visible GPUs), so
+  // that a launcher that shows each rank one GPU (CUDA_VISIBLE_DEVICES per
+  // rank, LOCAL_RANK=3) gets GPU 0 of its own.
+  int32_t deviceIndex_ = -1;
   sfn_device* device_ = nullptr;
   sfn_comm* comm_ = nullptr;
   bool barrierDone_ = false;

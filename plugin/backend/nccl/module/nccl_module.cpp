@@ -30,7 +30,14 @@ struct sfn_device {
   int device = 0;
   cudaStream_t stream = nullptr;  // the plugin's
   cudaStream_t host = nullptr;    // the host's; nullptr is the legacy default stream
+  // Small pinned staging for host <-> device control values (the window
+  // check): [0, kStage) for writes, [kStage, 2 kStage) for reads.
+  char* pinned = nullptr;
 };
+
+namespace {
+constexpr size_t kStage = 256;
+}
 
 struct sfn_comm {
   sfn_device* dev = nullptr;
@@ -103,20 +110,69 @@ int32_t entry(sfn_error* err, F&& body) noexcept {
   }
 }
 
-// Makes `device` current for this thread for the scope, then restores the
-// host's choice: the host's current device is its own business.
+// The driver's current-context calls, through the runtime (no libcuda link):
+// the exact state of a thread, "no context" included, which cudaGetDevice
+// cannot tell (it says 0 on a thread that never chose a device).
+struct CurrentContext {
+  using Get = int (*)(void**);
+  using Set = int (*)(void*);
+  Get get = nullptr;
+  Set set = nullptr;
+  CurrentContext() {
+    void* g = nullptr;
+    void* s = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &g, 4000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &s, 4000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    get = reinterpret_cast<Get>(g);
+    set = reinterpret_cast<Set>(s);
+  }
+  static const CurrentContext& instance() {
+    static const CurrentContext c;
+    return c;
+  }
+};
+
+// Makes `device` current for this thread for the scope, then gives the
+// thread back exactly the context it had: the host's current device is its
+// own business, and a thread that never chose a device (a context on no
+// GPU) is not left on GPU 0 or any other.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) : device_(device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device_) checkCuda(cudaSetDevice(device_), "cudaSetDevice");
+  explicit DeviceGuard(int device) {
+    const CurrentContext& cc = CurrentContext::instance();
+    if (cc.get && cc.get(&previousCtx_) == 0) {
+      exact_ = true;
+      int current = -1;
+      // With a context current, cudaGetDevice names its device.
+      if (previousCtx_ && cudaGetDevice(&current) == cudaSuccess && current == device) return;
+    } else {
+      if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+      if (previous_ == device) return;
+    }
+    checkCuda(cudaSetDevice(device), "cudaSetDevice");
+    switched_ = true;
   }
   ~DeviceGuard() {
-    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+    if (!switched_) return;
+    if (exact_) {
+      CurrentContext::instance().set(previousCtx_);
+    } else if (previous_ >= 0) {
+      cudaSetDevice(previous_);
+    }
   }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int device_;
+  void* previousCtx_ = nullptr;
+  bool exact_ = false;
+  bool switched_ = false;
   int previous_ = -1;
 };
 
@@ -281,6 +337,7 @@ void deviceClose(sfn_device* d) {
   try {
     DeviceGuard guard(d->device);
     cudaStreamDestroy(d->stream);
+    if (d->pinned) cudaFreeHost(d->pinned);
   } catch (...) {
   }
   delete d;
@@ -356,6 +413,66 @@ int32_t memZero(sfn_device* d, void* p, size_t bytes, sfn_error* err) {
   return entry(err, [&] {
     DeviceGuard guard(d->device);
     checkCuda(cudaMemsetAsync(p, 0, bytes, d->host), "cudaMemsetAsync (zeroing gradients, on the host's stream)");
+  });
+}
+
+void stagingOf(sfn_device* d, size_t bytes) {
+  if (bytes > kStage) {
+    throw Failure{SF_ERR_INVALID_ARGUMENT, "control values of " + std::to_string(bytes) +
+                                               " bytes exceed the " + std::to_string(kStage) +
+                                               "-byte pinned staging"};
+  }
+  if (!d->pinned) {
+    checkCuda(cudaMallocHost(reinterpret_cast<void**>(&d->pinned), 2 * kStage), "cudaMallocHost (staging)");
+  }
+}
+
+// The previous write's copy has run: the caller writes control values once
+// per synchronization, and waits for that synchronization's collectives
+// (which the host's stream ordered after the copy) before the next.
+int32_t memWrite(sfn_device* d, void* dst, const void* src, size_t bytes, sfn_error* err) {
+  return entry(err, [&] {
+    DeviceGuard guard(d->device);
+    stagingOf(d, bytes);
+    std::memcpy(d->pinned, src, bytes);
+    checkCuda(cudaMemcpyAsync(dst, d->pinned, bytes, cudaMemcpyHostToDevice, d->host),
+              "cudaMemcpyAsync (control values to the device, on the host's stream)");
+  });
+}
+
+int32_t memRead(sfn_device* d, void* dst, const void* src, size_t bytes, int64_t timeoutMs,
+                sfn_error* err) {
+  return entry(err, [&] {
+    DeviceGuard guard(d->device);
+    stagingOf(d, bytes);
+    char* stage = d->pinned + kStage;
+    cudaEvent_t done = nullptr;
+    checkCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    try {
+      checkCuda(cudaMemcpyAsync(stage, src, bytes, cudaMemcpyDeviceToHost, d->host),
+                "cudaMemcpyAsync (control values from the device, on the host's stream)");
+      checkCuda(cudaEventRecord(done, d->host), "cudaEventRecord (host stream)");
+      const Outcome o = sfsync::nccl::pollUntil(
+          [&] {
+            const cudaError_t q = cudaEventQuery(done);
+            return q == cudaSuccess ? Poll::kDone : q == cudaErrorNotReady ? Poll::kPending : Poll::kFailed;
+          },
+          [] { return Poll::kPending; }, std::chrono::milliseconds(timeoutMs), sfsync::nccl::sleepOrYield);
+      if (o != Outcome::kDone) {
+        throw Failure{o == Outcome::kTimedOut ? SF_ERR_TIMEOUT : SF_ERR_BACKEND,
+                      "reading " + std::to_string(bytes) + " bytes of control values back from device " +
+                          std::to_string(d->device) +
+                          (o == Outcome::kTimedOut ? " did not complete within timeout_ms = " +
+                                                         std::to_string(timeoutMs) + " (the host's stream is blocked)"
+                                                   : " failed")};
+      }
+    } catch (...) {
+      cudaGetLastError();
+      cudaEventDestroy(done);
+      throw;
+    }
+    cudaEventDestroy(done);
+    std::memcpy(dst, stage, bytes);
   });
 }
 
@@ -488,19 +605,38 @@ int32_t commAdopt(sfn_device* d, void* nccl, int64_t timeoutMs, sfn_comm** out, 
   });
 }
 
+// Bounded by the communicator's timeout_ms: finalize (flushes this rank's
+// operations; non-blocking, so it returns ncclInProgress), poll until it
+// settles, then destroy; a failure or the deadline aborts instead (a plain
+// ncclCommDestroy can block for ever on a peer that is gone).
+void finalizeOrAbort(sfn_comm* c) {
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(c->comm, &async);
+  if (async == ncclSuccess) {
+    const ncclResult_t r = ncclCommFinalize(c->comm);
+    if (r == ncclSuccess || r == ncclInProgress) {
+      const Outcome o = sfsync::nccl::pollUntil(
+          [&] {
+            ncclResult_t a = ncclSuccess;
+            if (ncclCommGetAsyncError(c->comm, &a) != ncclSuccess) return Poll::kFailed;
+            return a == ncclSuccess ? Poll::kDone : a == ncclInProgress ? Poll::kPending : Poll::kFailed;
+          },
+          [] { return Poll::kPending; }, std::chrono::milliseconds(c->timeoutMs),
+          sfsync::nccl::sleepOrYield, std::chrono::microseconds(1000));
+      if (o == Outcome::kDone) {
+        ncclCommDestroy(c->comm);
+        return;
+      }
+    }
+  }
+  ncclCommAbort(c->comm);
+}
+
 void commFree(sfn_comm* c) {
   if (!c) return;
   try {
     DeviceGuard guard(c->dev->device);
-    if (c->owned && !c->aborted) {
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(c->comm, &async);
-      if (async == ncclSuccess) {
-        ncclCommDestroy(c->comm);
-      } else {
-        ncclCommAbort(c->comm);
-      }
-    }
+    if (c->owned && !c->aborted) finalizeOrAbort(c);
     if (c->ints) cudaFree(c->ints);
     if (c->pinned) cudaFreeHost(c->pinned);
   } catch (...) {
@@ -514,8 +650,8 @@ void destroyWork(sfn_work* w) {
   delete w;
 }
 
-int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int32_t dtype, double prescale,
-                       double postscale, sfn_work** out, sfn_error* err) {
+int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int64_t scaledNumel, int32_t dtype,
+                       double prescale, double postscale, sfn_work** out, sfn_error* err) {
   return entry(err, [&] {
     checkAlive(c);
     sfn_device* d = c->dev;
@@ -544,9 +680,30 @@ int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int32_t dtype, do
         }
         custom = true;
       }
-      const ncclResult_t r = ncclAllReduce(data, data, size_t(numel), type, op, c->comm, d->stream);
-      if (custom) ncclRedOpDestroy(op, c->comm);  // allowed once the call that uses it returned
-      settle(c, r, "ncclAllReduce", c->timeoutMs);
+      // Elements past scaledNumel (the window check's) are summed exactly,
+      // unscaled: a second all-reduce in the same group, one launch.
+      const int64_t scaled = scaledNumel < 0 || scaledNumel > numel ? numel : scaledNumel;
+      const bool split = scaled < numel && op != ncclSum;
+      ncclResult_t r = ncclSuccess;
+      if (split) {
+        char* rest = static_cast<char*>(data) + size_t(scaled) * sfsync::dtypeSize(dtype);
+        r = ncclGroupStart();
+        if (r == ncclSuccess) r = ncclAllReduce(data, data, size_t(scaled), type, op, c->comm, d->stream);
+        if (r == ncclSuccess) r = ncclAllReduce(rest, rest, size_t(numel - scaled), type, ncclSum, c->comm, d->stream);
+        const ncclResult_t end = ncclGroupEnd();
+        if (r == ncclSuccess) r = end;
+      } else {
+        r = ncclAllReduce(data, data, size_t(numel), type, op, c->comm, d->stream);
+      }
+      try {
+        settle(c, r, "ncclAllReduce", c->timeoutMs);
+      } catch (...) {
+        if (custom && !c->aborted) ncclRedOpDestroy(op, c->comm);
+        throw;
+      }
+      // Allowed once the call that uses it returned and settled (nccl.h: a
+      // non-blocking communicator may return ncclInProgress).
+      if (custom) ncclRedOpDestroy(op, c->comm);
       checkCuda(cudaEventRecord(w->done, d->stream), "cudaEventRecord (plugin stream)");
     } catch (...) {
       destroyWork(w);
@@ -629,6 +786,8 @@ const sfn_api kApi = {
     allreduceStart,
     workWait,
     allreduceMaxInt64,
+    memWrite,
+    memRead,
 };
 
 }  // namespace
