@@ -1,114 +1,213 @@
 #!/bin/bash
-# GPU check of the NCCL backend: builds libsfsync.so, its NCCL module and the
-# CUDA sample trainer (samples/cuda: an MLP whose forward and backward are
-# CUDA kernels), then runs the trainer with real NCCL at world size 1 and,
-# where two GPUs exist, with 2 ranks as 2 processes. The trainer checks its
-# weights against a single-process CPU reference and the collective counts
-# (one per bucket per window, none inside a window, all launched by
-# grad-ready); this script prints a one-line verdict. Under 5 minutes on one
-# H200 (the build dominates).
+# The GPU check of the NCCL path, as ONE call on a GPU machine that cannot
+# build (no Gloo, hiredis, OpenSSL headers or cxxopts there): everything it
+# runs was built and collected by tests/gpu/prepare.sh into one carried
+# folder; NCCL and the CUDA runtime come from that machine's own PyTorch
+# environment (the nvidia-nccl-cu13 wheel's libnccl.so.2 and libcudart.so.13,
+# found under $SF_TORCH_VENV, default /opt/torch/.venv).
 #
-# Where no GPU is present it says so and exits 0 without running anything.
+#   tests/gpu/run.sh [--carried DIR] [--out DIR] [--budget SECONDS]
+#     --carried  the folder prepare.sh filled (default: build-gpu-carry)
+#     --out      logs and summary.json (default: $OUT, else ./gpu-check-out)
+#     --budget   overall wall-clock budget, default 420 s; each step has its
+#                own budget (timeout), cut to what is left; a step that no
+#                longer fits is SKIP, never started
 #
-#   tests/gpu/run.sh                # build in ./build-gpu
-#   SF_GPU_BUILD_DIR=dir tests/gpu/run.sh
+# Steps, each one line "PASS|FAIL|SKIP <step>: <numbers>":
+#   world1_parity      average, sum, pre-scaled sum x float32, bfloat16, float16
+#   world1_stream      spin kernels before sf_grad_ready / after sf_synchronize
+#   world1_trainer     samples/cuda's MLP against its CPU reference
+#   shim_nccl_host     the shim under a C++ NCCL host (tests/shim/gpu_check.sh's cases)
+#   ddp_shim           the shim under the machine's PyTorch DDP (NCCL backend),
+#                      SF_ACCUMULATION_STEPS=4: bytes deferred and weight parity
+#   busbw_world1       sf_synchronize against raw ncclAllReduce, same bytes
+#   two_ranks_parity   two ranks on the one GPU (distinct NCCL_HOSTID, socket
+#                      transport over loopback), the parity cases: if NCCL
+#                      refuses ("duplicate GPU") one SKIP line says so
+#   two_ranks_leave, two_ranks_busbw   a lost peer / mid-run destroy, and
+#                      busbw at world size 2: only if NCCL accepted
+# Where no GPU is visible every step is SKIP and the exit status is 0.
 #
-# Exit: 0 passed or no GPU, 1 a run failed, 2 the build failed.
+# Exit: 0 nothing failed, 1 a step failed, 2 bad arguments or carried folder.
 set -u
-root=$(cd "$(dirname "$0")/../.." && pwd)
-build=${SF_GPU_BUILD_DIR:-$root/build-gpu}
-log=$(mktemp -d /tmp/sfsync-gpu-check.XXXXXX)
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+carried=$root/build-gpu-carry
+out=${OUT:-$PWD/gpu-check-out}
+budget=420
+while [ $# -gt 0 ]; do
+  case $1 in
+    --carried) carried=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    *) echo "run.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out" || exit 2
+carried=$(cd "$carried" 2>/dev/null && pwd) || {
+  echo "run.sh: no carried folder '$carried' (run tests/gpu/prepare.sh on the build machine)" >&2
+  exit 2
+}
 start=$(date +%s)
+summary=$out/summary.json
+steps_json=()
+failed=0
 
+elapsed() { echo $(($(date +%s) - start)); }
+json_string() { printf '"%s"' "$(printf '%s' "$1" | tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g')"; }
+record() {  # status name seconds detail
+  echo "$1 $2: $4 (${3}s)"
+  steps_json+=("{\"name\": $(json_string "$2"), \"status\": \"$1\", \"seconds\": $3, \"detail\": $(json_string "$4")}")
+  [ "$1" = FAIL ] && failed=1
+  return 0
+}
+write_summary() {  # verdict
+  {
+    printf '{"budget_s": %s, "elapsed_s": %s, "gpus": %s, "carried": %s, "nccl": %s, "cudart": %s,\n' \
+      "$budget" "$(elapsed)" "${gpus:-0}" "$(json_string "$carried")" "$(json_string "${nccl_lib:-}")" \
+      "$(json_string "${cudart_lib:-}")"
+    printf ' "verdict": %s,\n "steps": [\n' "$(json_string "$1")"
+    local i
+    for i in "${!steps_json[@]}"; do
+      printf '  %s%s\n' "${steps_json[$i]}" "$([ "$i" -lt $((${#steps_json[@]} - 1)) ] && echo ,)"
+    done
+    printf ' ]}\n'
+  } > "$summary"
+}
+
+all_steps=(world1_parity world1_stream world1_trainer shim_nccl_host ddp_shim busbw_world1
+           two_ranks_parity two_ranks_leave two_ranks_busbw)
+bin=$carried/bin
+for f in "$bin/sfsync-gpu-check" "$bin/sfsync-cuda-trainer" "$bin/sfsync_shim_nccl_host" \
+         "$carried/lib/libsfsync.so.1" "$carried/lib/libsfsync_nccl.so" "$carried/lib/libsfsync_shim.so"; do
+  if [ ! -e "$f" ]; then
+    echo "run.sh: the carried folder lacks $f (run tests/gpu/prepare.sh again)" >&2
+    exit 2
+  fi
+done
+
+# ---- The GPU and the machine's own NCCL / CUDA runtime -----------------------
 gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-elif ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
-  gpus=$(ls -d /dev/nvidia[0-9]* | wc -l)
 fi
-if [ "${gpus:-0}" -eq 0 ] && [ -z "${SF_GPU_CHECK_FORCE:-}" ]; then
-  echo "GPU CHECK SKIPPED: no GPU visible on this machine (nvidia-smi lists none); nothing was built or run"
+if [ "${gpus:-0}" -eq 0 ]; then
+  for s in "${all_steps[@]}"; do record SKIP "$s" 0 "no GPU visible (nvidia-smi lists none)"; done
+  write_summary "SKIP: no GPU"
+  echo "GPU CHECK SKIPPED: no GPU visible; summary in $summary ($(elapsed)s of ${budget}s)"
   exit 0
 fi
-
-nvcc=${CUDACXX:-/usr/local/cuda/bin/nvcc}
-echo "== configure and build in $build (log: $log/build.log)"
-if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSF_BUILD_TESTS=OFF \
-         -DSF_BUILD_SAMPLES=ON -DCMAKE_CUDA_COMPILER="$nvcc" &&
-       cmake --build "$build" -j "$(nproc)" --target sfsync sfsync_nccl sfsync-cuda-trainer; } \
-       >"$log/build.log" 2>&1; then
-  tail -30 "$log/build.log"
-  echo "GPU CHECK FAILED: the build failed (see $log/build.log)"
-  exit 2
+venv=${SF_TORCH_VENV:-/opt/torch/.venv}
+nccl_lib=$(find "$venv" -name 'libnccl.so.2' -path '*nvidia*' 2>/dev/null | head -1)
+cudart_lib=$(find "$venv" -name 'libcudart.so.13' -path '*nvidia*' 2>/dev/null | head -1)
+if [ -z "$nccl_lib" ] || [ -z "$cudart_lib" ]; then
+  why="NCCL / CUDA runtime not found under $venv: libnccl.so.2 '${nccl_lib:-absent}' (wheel nvidia-nccl-cu13), libcudart.so.13 '${cudart_lib:-absent}' (set SF_TORCH_VENV)"
+  record FAIL environment 0 "$why"
+  for s in "${all_steps[@]}"; do record SKIP "$s" 0 "no NCCL to run on"; done
+  write_summary "FAIL: $why"
+  echo "GPU CHECK FAILED: $why"
+  exit 1
 fi
-trainer=$build/samples/cuda/sfsync-cuda-trainer
-
+export LD_LIBRARY_PATH=$carried/lib:$(dirname "$nccl_lib"):$(dirname "$cudart_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SF_TIMEOUT_MS=${SF_TIMEOUT_MS:-60000}  # a hang becomes an error, not a stuck check
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+python=$venv/bin/python3
+echo "== $gpus GPU(s); NCCL $nccl_lib; CUDA runtime $cudart_lib; logs in $out"
 
-passed=()
-failed=()
-skipped=0
-errs=()
-
-# run NAME WORLD ARGS...: WORLD processes, one per GPU, meeting through file://.
-run() {
-  local name=$1 world=$2
-  shift 2
-  local rdv="file://$log/rdv-$name" pids=() r rc=0
+# ---- Steps --------------------------------------------------------------------
+# step NAME BUDGET WORLD [ENV=V ...] -- COMMAND ARGS: WORLD processes, rank r
+# with RANK/WORLD_SIZE/LOCAL_RANK, meeting through file://, logs NAME.r.log.
+# PASS: every rank exited 0; SKIP: exit 77 (no usable GPU), or a failure
+# whose logs match $refused (a configuration NCCL refuses); else FAIL.
+# Rank r's environment also gets $SF_RANK_ENV_r (space-separated V=X).
+refused=''
+step() {
+  local name=$1 want=$2 world=$3
+  shift 3
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  local left=$((budget - $(elapsed) - 5))
+  if [ "$left" -lt 10 ]; then
+    record SKIP "$name" 0 "no budget left (${left}s of ${budget}s)"
+    return 1
+  fi
+  local limit=$((want < left ? want : left)) t0=$(date +%s) pids=() r rc=0 codes=()
+  rm -rf "$out/rdv-$name"
   for ((r = 0; r < world; ++r)); do
-    RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r SF_RENDEZVOUS=$rdv \
-      timeout 120 "$trainer" "$@" >"$log/$name.$r.out" 2>&1 &
+    local extra_var="SF_RANK_ENV_$r"
+    # shellcheck disable=SC2086
+    env "${envs[@]}" ${!extra_var:-} RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r \
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + RANDOM % 1000)) \
+      SF_RENDEZVOUS="file://$out/rdv-$name" SF_GPU_ID_FILE="$out/id-$name" \
+      timeout -k 5 "$limit" "$@" >"$out/$name.$r.log" 2>&1 &
     pids+=($!)
   done
   for ((r = 0; r < world; ++r)); do
-    wait "${pids[$r]}" || rc=$?
-    [ "$rc" -eq 0 ] || break
+    wait "${pids[$r]}"
+    codes+=($?)
   done
-  for ((r = 0; r < world; ++r)); do wait "${pids[$r]}" 2>/dev/null; done
-  echo "== $name: world $world, $*"
-  cat "$log/$name".*.out | grep -E '^(RESULT|SKIPPED)|rank [0-9]+:|NCCL WARN' | head -20
-  if grep -q '^SKIPPED' "$log/$name".*.out; then
-    skipped=1
-  elif [ "$rc" -eq 0 ] && [ "$(grep -c 'RESULT .* OK$' "$log/$name".*.out)" -eq "$world" ]; then
-    passed+=("$name")
-    errs+=($(sed -n 's/^RESULT .*max_err=\([^ ]*\) OK$/\1/p' "$log/$name".*.out))
+  local took=$(($(date +%s) - t0)) detail
+  detail=$(grep -h '^RESULT' "$out/$name".*.log | sed 's/^RESULT //' | head -12 | paste -sd ';' -)
+  for c in "${codes[@]}"; do [ "$c" -ne 0 ] && rc=$c && [ "$c" -ne 77 ] && break; done
+  if [ "$rc" -eq 0 ]; then
+    record PASS "$name" "$took" "${detail:-exit 0}"
+  elif [ "$rc" -eq 77 ]; then
+    record SKIP "$name" "$took" "$(grep -h '^SKIPPED' "$out/$name".*.log | head -1)"
+    return 1
+  elif [ -n "$refused" ] && grep -qhiE "$refused" "$out/$name".*.log; then
+    record SKIP "$name" "$took" "NCCL refused: $(grep -hioE "$refused.{0,80}" "$out/$name".*.log | head -1)"
+    return 1
   else
-    failed+=("$name")
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && detail="timed out after ${limit}s; $detail"
+    record FAIL "$name" "$took" "exit ${codes[*]}; ${detail:-$(tail -3 "$out/$name".0.log | paste -sd ' ' -)}"
+    return 1
   fi
 }
 
-run world1_flat 1 --windows 8
-run world1_own_buffers 1 --windows 8 --own-buffers
-if [ "$skipped" -eq 0 ] && [ "${gpus:-0}" -ge 2 ]; then
-  run world2_flat 2 --windows 8
-  run world2_own_buffers 2 --windows 8 --own-buffers
+check=$bin/sfsync-gpu-check
+shim=$carried/lib/libsfsync_shim.so
+step world1_parity 90 1 -- "$check" parity
+step world1_stream 30 1 -- "$check" stream
+step world1_trainer 30 1 -- "$bin/sfsync-cuda-trainer" --windows 8
+step shim_nccl_host 45 1 SF_HOST="$bin/sfsync_shim_nccl_host" SF_SHIM="$shim" -- bash -c '
+  set -e
+  "$SF_HOST" --ranks 1 --mode none --steps 4 --windows 6
+  LD_PRELOAD="$SF_SHIM" "$SF_HOST" --ranks 1 --mode calls --steps 4 --windows 6
+  LD_PRELOAD="$SF_SHIM" SF_ACCUMULATION_STEPS=4 "$SF_HOST" --ranks 1 --mode auto --steps 4 --windows 6'
+if [ -x "$python" ]; then
+  # DDP all-reduces every pass (24); the shim sends 1 in 4 after learning the
+  # pass (its report says how many bytes it deferred and sent).
+  step ddp_shim 90 1 PY="$python" SCRIPT="$here/ddp_nccl.py" SHIM="$shim" REPORT="$out/ddp-report.json" -- bash -c '
+    set -e
+    LD_PRELOAD="$SHIM" SF_ACCUMULATION_STEPS=4 SF_SHIM_REPORT="$REPORT" "$PY" "$SCRIPT" --steps 4 --windows 6
+    "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); print(\"RESULT shim calls_nccl=%d deferred=%d bytes_deferred=%d gradient_bytes_sent=%d %s\" % (r[\"calls_nccl\"], r[\"deferred\"], r[\"bytes_deferred\"], r[\"gradient_bytes_sent\"], \"OK\" if r[\"bytes_deferred\"] > 0 else \"FAIL\")); sys.exit(0 if r[\"bytes_deferred\"] > 0 else 1)" "$REPORT"'
+else
+  record SKIP ddp_shim 0 "no PyTorch at $python"
+fi
+step busbw_world1 30 1 -- "$check" busbw --mib 64
+
+# Two ranks on the one GPU: NCCL refuses two ranks of one communicator on
+# one device ("duplicate GPU") unless they look like two hosts.
+two=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1)
+export SF_RANK_ENV_0="NCCL_HOSTID=sfsync-gpu-check-host-0" SF_RANK_ENV_1="NCCL_HOSTID=sfsync-gpu-check-host-1"
+if [ "$gpus" -ge 2 ]; then
+  unset SF_RANK_ENV_0 SF_RANK_ENV_1  # one GPU each: no trick needed
+fi
+refused='duplicate GPU'
+if step two_ranks_parity 75 2 "${two[@]}" -- "$check" parity; then
+  refused=''
+  step two_ranks_leave 40 2 "${two[@]}" -- "$check" leave
+  step two_ranks_busbw 40 2 "${two[@]}" -- "$check" busbw --mib 64
+else
+  refused=''
+  echo "two ranks on one GPU: not run further (see two_ranks_parity above); going on"
+  record SKIP two_ranks_leave 0 "needs two ranks (two_ranks_parity did not pass)"
+  record SKIP two_ranks_busbw 0 "needs two ranks (two_ranks_parity did not pass)"
 fi
 
-# The LD_PRELOAD shim against the real NCCL: a host calling NCCL itself,
-# without and under libsfsync_shim.so (tests/shim/gpu_check.sh builds its
-# targets in the same build dir).
-if [ "$skipped" -eq 0 ]; then
-  echo "== shim: tests/shim/gpu_check.sh"
-  if "$root/tests/shim/gpu_check.sh" "$build" >"$log/shim.out" 2>&1; then
-    passed+=("shim")
-  else
-    failed+=("shim")
-  fi
-  grep -E '^(==|gpu_check|rank [0-9]+:)' "$log/shim.out" | head -40
-fi
-
-took=$(($(date +%s) - start))
-if [ "$skipped" -ne 0 ]; then
-  echo "GPU CHECK SKIPPED: the trainer found no usable GPU (see above); nothing was checked (${took}s)"
-  exit 0
-fi
-worst=$(printf '%s\n' "${errs[@]:-0}" | sort -g | tail -1)
-two="world size 2 not run (${gpus} GPU)"
-[ "${gpus:-0}" -ge 2 ] && two="world size 2 included"
-if [ "${#failed[@]}" -eq 0 ]; then
-  echo "GPU CHECK PASSED: ${#passed[@]} runs (${passed[*]}) on $gpus GPU(s), $two; parity max_err=$worst, one collective per bucket per window, none inside; ${took}s"
-  exit 0
-fi
-echo "GPU CHECK FAILED: ${failed[*]} (passed: ${passed[*]:-none}; logs in $log); ${took}s"
-exit 1
+verdict=PASS
+[ "$failed" -ne 0 ] && verdict=FAIL
+write_summary "$verdict"
+echo "GPU CHECK $verdict: $(grep -c '"PASS"' "$summary") passed, $(grep -c '"FAIL"' "$summary") failed, $(grep -c '"SKIP"' "$summary") skipped on $gpus GPU(s) in $(elapsed)s of ${budget}s; summary $summary"
+exit "$failed"
