@@ -111,7 +111,7 @@ typedef struct sf_options {
   uint64_t struct_size;     /* sizeof(sf_options) as the caller knows it */
   int32_t rank;             /* this process's rank; env RANK (default 0) */
   int32_t world_size;       /* number of ranks; env WORLD_SIZE (default 1) */
-  int32_t local_rank;       /* rank on this machine (GPU index); env LOCAL_RANK (default 0) */
+  int32_t local_rank;       /* rank on this machine (GPU local_rank % visible GPUs); env LOCAL_RANK (default 0) */
   sf_backend backend;       /* env SF_BACKEND = auto|gloo|nccl (default auto) */
   sf_reduce_op reduce_op;   /* env SF_REDUCE = average|sum|prescaled_sum (default average) */
   int32_t reserved0;        /* must be 0 */
@@ -190,7 +190,11 @@ typedef struct sf_context sf_context;
 SF_API sf_status sf_create(const sf_options* opts, sf_context** out);
 
 /** Destroy a context (NULL accepted and ignored). Waits for collectives in
- *  flight (bounded by the timeout). Never fails; the default context must not
+ *  flight (bounded by the timeout). Since 0.3 it issues no collective: with
+ *  NCCL the ranks say goodbye through the rendezvous store (each waits at
+ *  most min(timeout_ms, 10 s) for the others), then the communicator is
+ *  finalized, polled until timeout_ms, and aborted if it does not settle.
+ *  Never fails; the default context must not
  *  be passed here (it is ignored). Since 0.2 it never creates the default
  *  context and leaves sf_last_error() unchanged. */
 SF_API void sf_destroy(sf_context* ctx);
@@ -384,7 +388,9 @@ SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* b
  * return SF_ERR_UNSUPPORTED and sf_last_error() says which; host gradients
  * keep working with Gloo.
  *
- * Rank r uses GPU local_rank (or the adopted communicator's GPU); a pointer
+ * Rank r uses GPU local_rank % (visible GPUs) (or the adopted communicator's
+ * GPU; since 0.3 the modulo, so that a launcher that shows each rank one GPU
+ * with CUDA_VISIBLE_DEVICES and sets LOCAL_RANK=3 gets that GPU); a pointer
  * registered with SF_DEVICE_CUDA must be device (or managed) memory of that
  * GPU, else SF_ERR_INVALID_ARGUMENT. Without an adopted communicator one is
  * made with ncclCommInitRankConfig from a unique id that rank 0 publishes
