@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The shim against the REAL NCCL, on GPUs (called by tests/gpu/run.sh).
+# The shim against the REAL NCCL, on GPUs, on a machine that can build
+# (tests/gpu/run.sh runs the same three cases from its carried folder: the
+# shim_nccl_host step).
 #
 # Runs the C++ NCCL host (tests/shim/nccl_host.cpp), one rank per visible GPU
 # (NCCL allows one rank per GPU), without the shim, with the two window calls
