@@ -193,7 +193,8 @@ SF_API sf_status sf_create(const sf_options* opts, sf_context** out);
  *  flight (bounded by the timeout). Since 0.3 it issues no collective: with
  *  NCCL the ranks say goodbye through the rendezvous store (each waits at
  *  most min(timeout_ms, 10 s) for the others), then the communicator is
- *  finalized, polled until timeout_ms, and aborted if it does not settle.
+ *  finalized and aborted if that does not settle within what is left of the
+ *  same timeout_ms: the teardown ends within timeout_ms (+ 2 s slack).
  *  Never fails; the default context must not
  *  be passed here (it is ignored). Since 0.2 it never creates the default
  *  context and leaves sf_last_error() unchanged. */

@@ -78,9 +78,11 @@ typedef struct sfn_api {
   /* Use the host's communicator; comm_free never destroys it. */
   int32_t (*comm_adopt)(sfn_device* dev, void* nccl_comm, int64_t timeout_ms, sfn_comm** out,
                         sfn_error* err);
-  /* Destroys an own communicator (aborts it if it failed); an adopted one
-   * is left to the host unless a timeout aborted it. */
-  void (*comm_free)(sfn_comm* comm);
+  /* Destroys an own communicator within timeout_ms: ncclCommFinalize,
+   * polled until it settles, then ncclCommDestroy; ncclCommAbort if it
+   * failed or at the deadline. An adopted one is left to the host unless a
+   * timeout aborted it. */
+  void (*comm_free)(sfn_comm* comm, int64_t timeout_ms);
 
   /* In-place all-reduce of `numel` elements (sf_dtype) at `data` on the
    * plugin's stream, after everything the host queued on its stream so far:

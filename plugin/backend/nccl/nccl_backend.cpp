@@ -60,7 +60,7 @@ NcclBackend::NcclBackend(const sf_options& opts, std::shared_ptr<Rendezvous> ren
 }
 
 NcclBackend::~NcclBackend() {
-  if (comm_) api_.comm_free(comm_);
+  if (comm_) api_.comm_free(comm_, teardown_ ? teardown_->remaining().count() : opts_.timeout_ms);
   if (device_) api_.device_close(device_);
 }
 
@@ -190,11 +190,12 @@ void NcclBackend::barrierQuietly() noexcept {
   // communicator stays the host's: nothing of ours to tear down.
   if (!comm_ || barrierDone_ || adopted_ || !store_ || opts_.world_size <= 1) return;
   barrierDone_ = true;
+  teardown_ = std::make_unique<Deadline>(opts_.timeout_ms);
   try {
     store_->set(std::string(kByeKey) + std::to_string(opts_.rank), std::vector<char>{1});
     std::vector<std::string> keys;
     for (int r = 0; r < opts_.world_size; ++r) keys.push_back(std::string(kByeKey) + std::to_string(r));
-    store_->wait(keys, std::chrono::milliseconds(std::min<int64_t>(opts_.timeout_ms, 10000)));
+    store_->wait(keys, teardown_->earlier(10000).remaining());
   } catch (const std::exception& e) {
     SF_LOG(kInfo, "nccl", "goodbye: not every rank said goodbye (" << e.what()
                                                                      << "); tearing the communicator down");

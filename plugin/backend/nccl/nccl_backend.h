@@ -10,6 +10,7 @@
 
 #include "plugin/backend/backend.h"
 #include "plugin/backend/nccl/module_api.h"
+#include "plugin/core/deadline.h"
 
 namespace gloo {
 namespace rendezvous {
@@ -81,6 +82,9 @@ class NcclBackend : public Backend {
   sfn_device* device_ = nullptr;
   sfn_comm* comm_ = nullptr;
   bool barrierDone_ = false;
+  // From the goodbye on: the goodbye and the communicator's finalize share
+  // one timeout_ms, so that sf_destroy ends within it (+ slack).
+  std::unique_ptr<Deadline> teardown_;
   std::shared_ptr<gloo::rendezvous::Store> store_;  // kept for peers still reading the id
 };
 

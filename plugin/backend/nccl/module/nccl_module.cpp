@@ -609,7 +609,7 @@ int32_t commAdopt(sfn_device* d, void* nccl, int64_t timeoutMs, sfn_comm** out, 
 // operations; non-blocking, so it returns ncclInProgress), poll until it
 // settles, then destroy; a failure or the deadline aborts instead (a plain
 // ncclCommDestroy can block for ever on a peer that is gone).
-void finalizeOrAbort(sfn_comm* c) {
+void finalizeOrAbort(sfn_comm* c, int64_t timeoutMs) {
   ncclResult_t async = ncclSuccess;
   ncclCommGetAsyncError(c->comm, &async);
   if (async == ncclSuccess) {
@@ -621,7 +621,7 @@ void finalizeOrAbort(sfn_comm* c) {
             if (ncclCommGetAsyncError(c->comm, &a) != ncclSuccess) return Poll::kFailed;
             return a == ncclSuccess ? Poll::kDone : a == ncclInProgress ? Poll::kPending : Poll::kFailed;
           },
-          [] { return Poll::kPending; }, std::chrono::milliseconds(c->timeoutMs),
+          [] { return Poll::kPending; }, std::chrono::milliseconds(timeoutMs),
           sfsync::nccl::sleepOrYield, std::chrono::microseconds(1000));
       if (o == Outcome::kDone) {
         ncclCommDestroy(c->comm);
@@ -632,11 +632,11 @@ void finalizeOrAbort(sfn_comm* c) {
   ncclCommAbort(c->comm);
 }
 
-void commFree(sfn_comm* c) {
+void commFree(sfn_comm* c, int64_t timeoutMs) {
   if (!c) return;
   try {
     DeviceGuard guard(c->dev->device);
-    if (c->owned && !c->aborted) finalizeOrAbort(c);
+    if (c->owned && !c->aborted) finalizeOrAbort(c, timeoutMs < 0 ? 0 : timeoutMs);
     if (c->ints) cudaFree(c->ints);
     if (c->pinned) cudaFreeHost(c->pinned);
   } catch (...) {
