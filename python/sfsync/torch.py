@@ -312,8 +312,10 @@ class _Verifier:
 
 
 def _verify_if_due(sync):
-    """verify_every: at a forward pass outside a window, once every
-    verify_every windows, compare the replicas (GradientSync and DDPSync)."""
+    """verify_every: once every verify_every windows, outside a window,
+    compare the replicas (GradientSync and DDPSync). GradientSync calls it at
+    a window's first forward and on entering accumulate(), before any forward
+    of the window moved a buffer (verify_buffers), and at later forwards."""
     if (sync._verifier is not None and sync.windows - sync._last_verified >= sync._verify_every
             and not sync.context.in_accumulation()):
         sync._last_verified = sync.windows
@@ -532,6 +534,10 @@ class GradientSync:
             return
         if self._window_start():
             self._attach_grads()
+            # Before the window's first forward moves a buffer (BatchNorm
+            # statistics: each rank's own batches), while every rank still
+            # holds the buffers broadcast after the last window.
+            _verify_if_due(self)
         if self.accumulation_steps:
             self._enter_pass_window()
         _verify_if_due(self)
@@ -589,6 +595,7 @@ class GradientSync:
         if self.accumulation_steps:
             raise RuntimeError("GradientSync(accumulation_steps=%d) opens and closes windows "
                                "itself: do not use accumulate()" % self.accumulation_steps)
+        _verify_if_due(self)  # before the window's forwards move the buffers
         return self.context.accumulate()
 
     no_sync = accumulate  # the name DDP users know
