@@ -568,8 +568,8 @@ namespace sp = sfsync::store_protocol;
 // its hello says whether it checks tokens (`claimsAuth`), and its answer to
 // the client's proof is answer(client nonce, client mac, its own nonce).
 // After that it acknowledges every request with a value, as a store that
-// accepted the client would; requests() counts them: what a client that
-// trusted it would have told it.
+// accepted the client would; requests() counts them (and, for a garbage
+// sender, the client's proof): what a client that trusted it told it.
 class Impostor {
  public:
   using Answer = std::function<std::string(const std::string&, const std::string&, const std::string&)>;
@@ -607,7 +607,7 @@ class Impostor {
       parser.feed(b, size_t(n));
       sp::Message m;
       while (parser.next(m) == sp::FrameParser::Result::kMessage) {
-        if (!authenticated && m.type == 'A' && m.fields.size() == 2) {
+        if (!authenticated && answer_ && m.type == 'A' && m.fields.size() == 2) {
           send(fd, sp::encode('K', {answer_(m.fields[0], m.fields[1], nonce)}));
           authenticated = true;
         } else {
