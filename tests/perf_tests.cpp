@@ -564,8 +564,8 @@ BOOST_AUTO_TEST_CASE(documented_bound_on_adversarial_values_2_and_4_ranks) {
             }
             exact /= div;
             absSum /= div;
-            const double bound = (world + 1) * u * absSum + (half ? world * std::ldexp(1.0, -24) / div : 0.0) +
-                                 std::ldexp(absSum, -22);
+            const double absTerm = half ? world * std::ldexp(1.0, -24) / div : 0.0;
+            const double bound = (world + 1) * u * absSum + absTerm + std::ldexp(absSum, -22);
             for (const auto& run : runs) {
               const double err = std::fabs(double(run.out[size_t(i)]) - exact);
               worst = std::max(worst, err / bound);

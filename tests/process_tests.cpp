@@ -104,7 +104,8 @@ BOOST_AUTO_TEST_CASE(launcher_c_trainer_gloo_processes_world_2_and_4) {
 
 BOOST_AUTO_TEST_CASE(kernel_counted_bytes_per_window_are_one_all_reduce_gloo_processes) {
   // An oracle the product does not supply: the bytes each rank's process
-  // wrote to its sockets per window, as the kernel counts them, against the gradient bytes G computed here from the model's shape.
+  // wrote to its sockets per window, as the kernel counts them, against
+  // the gradient bytes G computed here from the model's shape.
   // Per window = (run of 5 windows - run of 1 window) / 4: the difference
   // removes all that does not scale with windows (loading libraries, the
   // env:// store, Gloo's connections, the layout check, the RESULT line,
@@ -117,8 +118,9 @@ BOOST_AUTO_TEST_CASE(kernel_counted_bytes_per_window_are_one_all_reduce_gloo_pro
   //         framing. One more all-reduce of the bucket per window is 2x.
   const int blocks = 8, rows = 64, in = 256;
   const int64_t gradBytes = int64_t(blocks * rows * in + rows * blocks) * 4;
-  const std::vector<std::string> model = {"--blocks", std::to_string(blocks), "--rows", std::to_string(rows),
-                                          "--in", std::to_string(in), "--micro", "2"};
+  const std::vector<std::string> model = {"--blocks", std::to_string(blocks), "--rows",
+                                          std::to_string(rows), "--in", std::to_string(in),
+                                          "--micro", "2"};
   struct Case {
     int world;
     std::vector<std::string> caps;

@@ -630,7 +630,8 @@ class Impostor {
 };
 
 // The server's side of the proof (tcp_store.cpp's role string), for `key`.
-std::string serverProof(const std::string& key, const std::string& clientNonce, const std::string& serverNonce) {
+std::string serverProof(const std::string& key, const std::string& clientNonce,
+                        const std::string& serverNonce) {
   return proof(key, "sfsync-store server", clientNonce, serverNonce);
 }
 
@@ -706,7 +707,8 @@ BOOST_AUTO_TEST_CASE(client_refuses_a_stranger_that_answers_garbage) {
   const std::vector<Case> cases = {
       {"an HTTP server", "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
        "does not speak the sfsync store protocol"},
-      {"another protocol version", sp::encode('H', {"sfsync-store-0", std::string(sp::kNonceBytes, 'n'), "1", "4096"}),
+      {"another protocol version",
+       sp::encode('H', {"sfsync-store-0", std::string(sp::kNonceBytes, 'n'), "1", "4096"}),
        "does not speak version"},
       {"a short hello", sp::encode('H', {sp::kVersion}), "does not speak version"},
   };

@@ -191,6 +191,48 @@ class BucketPlanVsTorch(unittest.TestCase):
         self.assertEqual(got, want)
         self.assertEqual([b["bytes"] for b in info], [bytes_of(params, b) for b in want])
 
+    def test_the_oracle_is_what_ddp_itself_rebuilds(self):
+        """DDP itself (world 1, Gloo), after its rebuild: its buckets
+        (_get_ddp_logging_data) for the MLP, whose gradients become ready in
+        reverse registration order, are torch_plan's for every cap (so the
+        oracle call is DDP's); for the conv net and the transformer block,
+        where autograd readies some gradients out of that order (a bias
+        before its weight), DDP's default buckets hold the same parameters
+        as sfsync's, packed in another order."""
+        import tempfile
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        inputs = {"mlp": lambda: torch.randn(4, 256), "conv_net": lambda: torch.randn(2, 3, 16, 16),
+                  "transformer_block": lambda: torch.randint(0, 1000, (5, 2))}
+        with tempfile.TemporaryDirectory() as d:
+            dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"),
+                                    rank=0, world_size=1)
+            saved_first = dist._DEFAULT_FIRST_BUCKET_BYTES
+            try:
+                for name, x in inputs.items():
+                    for cap, first in CAPS if name == "mlp" else CAPS[:1]:
+                        with self.subTest(model=name, cap_mb=cap, first_mb=first):
+                            model = MODELS[name]()
+                            params = list(model.parameters())
+                            dist._DEFAULT_FIRST_BUCKET_BYTES = int(first * MIB)
+                            ddp = DDP(model, bucket_cap_mb=cap)
+                            for _ in range(3):  # rebuilt in the forward after the first backward
+                                ddp(x()).float().sum().backward()
+                            data = ddp._get_ddp_logging_data()
+                            rebuilt = [[int(i) for i in b.split()] for b in
+                                       data["rebuilt_per_bucket_param_indices"].split(",")]
+                            got, _ = sfsync_plan(MODELS[name](), cap, first)
+                            if name == "mlp":
+                                self.assertEqual(rebuilt, torch_plan(params, cap, first))
+                                want, _ = torch_plan_strict(params, cap, first)
+                                self.assertEqual(got, want[torch.float32])
+                            else:
+                                self.assertNotEqual(rebuilt, torch_plan(params, cap, first))
+                                self.assertEqual([sorted(b) for b in got], [sorted(b) for b in rebuilt])
+                            del ddp
+            finally:
+                dist._DEFAULT_FIRST_BUCKET_BYTES = saved_first
+                dist.destroy_process_group()
+
     def test_strict_cap_is_the_one_difference(self):
         # Two 0.6 MiB weights with a 1 MiB cap: torch's bucket takes both
         # (1.2 MiB, checked after adding), sfsync's stops at the cap.
