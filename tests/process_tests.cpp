@@ -120,7 +120,7 @@ BOOST_AUTO_TEST_CASE(kernel_counted_bytes_per_window_are_one_all_reduce_gloo_pro
   const int64_t gradBytes = int64_t(blocks * rows * in + rows * blocks) * 4;
   const std::vector<std::string> model = {"--blocks", std::to_string(blocks), "--rows",
                                           std::to_string(rows), "--in", std::to_string(in),
-                                          "--micro", "2"};
+                                          "--micro", "2", "--batch", "1"};
   struct Case {
     int world;
     std::vector<std::string> caps;
