@@ -1,7 +1,8 @@
 // Rendezvous under faults, ranks as threads: every wait ends within
 // timeout_ms + kSlack with SF_ERR_TIMEOUT / SF_ERR_BACKEND / SF_ERR_MISMATCH
 // and a message that names what it waited for; the env:// store survives
-// strangers (garbage, floods, fd exhaustion) and admits only the job.
+// strangers (garbage, floods, fd exhaustion) and admits only the job; a
+// client with the job token trusts only a store that proves it knows it.
 // Each case was seen to fail (hang, wrong status, leak or >5x timeout) on
 // the 0.1 code before the fix.
 
