@@ -315,7 +315,8 @@ def _verify_if_due(sync):
     """verify_every: once every verify_every windows, outside a window,
     compare the replicas (GradientSync and DDPSync). GradientSync calls it at
     a window's first forward and on entering accumulate(), before any forward
-    of the window moved a buffer (verify_buffers), and at later forwards."""
+    of the window moved a buffer (verify_buffers), and at later forwards;
+    DDPSync at the wrapped module's forward, after DDP's buffer broadcast."""
     if (sync._verifier is not None and sync.windows - sync._last_verified >= sync._verify_every
             and not sync.context.in_accumulation()):
         sync._last_verified = sync.windows
@@ -783,6 +784,10 @@ class DDPSync:
             me = weakref.ref(self)
             ddp.register_comm_hook(_HookState(me), _ddp_comm_hook)
             self._handles.append(ddp.register_forward_pre_hook(_ddp_forward_hook(me)))
+            # The replica check runs at the wrapped module's forward: after
+            # DDP broadcast the buffers (broadcast_buffers), before this
+            # forward moves them (BatchNorm statistics).
+            self._handles.append(ddp.module.register_forward_pre_hook(_ddp_verify_hook(me)))
             _log(sfsync.LOG_INFO, "attach: DDP comm hook, %s, world size %d%s" % (
                 "accumulation_steps=%d" % accumulation_steps if accumulation_steps
                 else "explicit windows", self.world_size,
@@ -799,7 +804,6 @@ class DDPSync:
             return
         if self.accumulation_steps:
             self._enter_pass_window()
-        _verify_if_due(self)
 
     def _hook(self, bucket):
         import torch.distributed as dist
@@ -884,6 +888,14 @@ def _ddp_forward_hook(me):
         sync = me()
         if sync is not None and sync.context is not None:
             sync._forward()
+    return hook
+
+
+def _ddp_verify_hook(me):
+    def hook(module, inputs):
+        sync = me()
+        if sync is not None and sync.context is not None and torch.is_grad_enabled():
+            _verify_if_due(sync)
     return hook
 
 

@@ -6,7 +6,7 @@
                          statistics away inside each window, and after it every rank must
                          hold rank 0's buffers (compared with torch's all_gather)
     --variant attach     dist.init_process_group("gloo"); DDP(model) + sfsync.torch.attach(ddp, N,
-                         verify_every=2) (equal replicas pass every check)
+                         verify_every=2, verify_buffers=True) (equal replicas pass every check)
     --variant shim       dist.init_process_group("gloo"); plain DDP stepping every N passes,
                          no no_sync(): the preloaded shim with SF_ACCUMULATION_STEPS=N defers
     --variant nodist     no torch.distributed at all: GradientSync meets through torchrun's store
@@ -153,7 +153,7 @@ def run_variant(rank, args, failures=None):
                                 verify_buffers=args.variant == "gradsync")
     elif args.variant == "attach":
         module = DDP(model, find_unused_parameters=True)
-        sync = sft.attach(module, accumulation_steps=n, verify_every=2)
+        sync = sft.attach(module, accumulation_steps=n, verify_every=2, verify_buffers=True)
     elif args.variant == "shim":
         module = DDP(model, find_unused_parameters=True)
     opt = optimizer(module.parameters())
