@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -365,6 +366,219 @@ BOOST_AUTO_TEST_CASE(off_by_default_exact) {
   for (const auto& run : runs) {
     BOOST_REQUIRE_MESSAGE(run.error.empty(), run.error);
     BOOST_TEST(run.inexact == 0);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- The 16-bit wire at its edges: rounding, subnormals, overflow, prescale ----
+// The oracle is computed here, in double, from IEEE 754's definition (round
+// to nearest, ties to even, on the format's grid), not with the plugin's
+// own conversions.
+
+namespace {
+
+// x rounded to binary16 (fp16: 10 fraction bits, smallest normal 2^-14,
+// largest 65504) or bfloat16 (7 fraction bits, float32's range); inf past
+// the largest finite value's rounding boundary.
+double roundTo16(double x, sf_dtype wire) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  const bool half = wire == SF_DTYPE_FLOAT16;
+  const int fraction = half ? 10 : 7, minExp = half ? -14 : -126;
+  int e = 0;
+  std::frexp(std::fabs(x), &e);  // |x| in [2^(e-1), 2^e)
+  const int ulpExp = std::max(e - 1, minExp) - fraction;
+  const double r = std::ldexp(std::nearbyint(std::ldexp(x, -ulpExp)), ulpExp);
+  const double largest = half ? 65504.0 : std::ldexp(255.0 / 128.0, 127);
+  return std::fabs(r) > largest ? std::copysign(INFINITY, x) : r;
+}
+
+struct Reduced {
+  std::string error;
+  std::vector<float> out;
+};
+
+// One window of one float32 gradient of n elements; rank r's element i is
+// value(r, i). Returns the synchronized gradient.
+Reduced reduceOnce(int rank, int world, const std::string& url, sf_dtype wire, sf_reduce_op op,
+                   double prescale, int64_t n, const std::function<float(int, int64_t)>& value) {
+  sf_options o = rankOptions(rank, world, url);
+  o.reduce_op = op;
+  o.prescale = prescale;
+  o.wire_dtype = wire;
+  ContextHandle h;
+  int64_t id = -1;
+  void* p = nullptr;
+  if (sf_create(&o, &h.ctx) != SF_OK ||
+      sf_add_gradient(h.ctx, n, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id) != SF_OK ||
+      sf_gradient_data(h.ctx, id, &p) != SF_OK) {
+    return {sf_last_error(), {}};
+  }
+  float* g = static_cast<float*>(p);
+  for (int64_t i = 0; i < n; ++i) g[i] = value(rank, i);
+  if (sf_synchronize(h.ctx) != SF_OK) return {sf_last_error(), {}};
+  return {"", std::vector<float>(g, g + n)};
+}
+
+std::vector<Reduced> reduceOnRanks(int world, sf_dtype wire, sf_reduce_op op, double prescale,
+                                   int64_t n, const std::function<float(int, int64_t)>& value) {
+  const std::string url = "memory://" + uniqueName("wire-edge");
+  auto runs = runThreadRanks<Reduced>(
+      world, [&](int r) { return reduceOnce(r, world, url, wire, op, prescale, n, value); });
+  for (const auto& run : runs) BOOST_REQUIRE_MESSAGE(run.error.empty(), run.error);
+  return runs;
+}
+
+// Values at which rounding to `wire` is hardest: exact ties (each way of
+// "to even"), a float32 ulp either side of a tie, the subnormal range and
+// its ties (fp16), the largest finite value and the overflow boundary, both
+// signs; then pseudo-random values over the whole range.
+std::vector<float> roundingCases(sf_dtype wire) {
+  const bool half = wire == SF_DTYPE_FLOAT16;
+  const int fraction = half ? 10 : 7;
+  std::vector<double> v;
+  for (int e : {0, -3, 7, half ? -14 : -126, half ? 15 : 100}) {
+    const double ulp = std::ldexp(1.0, e - fraction);
+    for (double m : {0.0, 1.0, 2.0, 3.0, 100.0}) {  // even and odd last bits
+      const double tie = std::ldexp(1.0, e) + (m + 0.5) * ulp;
+      v.push_back(tie);
+      v.push_back(std::nextafter(float(tie), 0.0f));
+      v.push_back(std::nextafter(float(tie), INFINITY));
+    }
+  }
+  if (half) {
+    for (double k : {0.5, 1.0, 1.5, 2.5, 3.0, 1023.5, 1000.25, 0.49, 0.51}) {
+      v.push_back(std::ldexp(k, -24));  // subnormal fp16: multiples of 2^-24, ties included
+    }
+    v.push_back(std::ldexp(1.0, -30));       // rounds to 0
+    for (double x : {65504.0, 65519.0, 65519.99, 65520.0, 65536.0, 1e6}) v.push_back(x);
+  } else {
+    v.push_back(std::ldexp(255.0 / 128.0, 127));  // the largest bfloat16
+    v.push_back(3.4e38);                          // rounds past it: inf
+  }
+  std::vector<float> out;
+  for (double x : v) {
+    out.push_back(float(x));
+    out.push_back(-float(x));
+  }
+  for (int64_t i = 0; i < 4000; ++i) out.push_back(wireValue(0, i, true, half ? 20 : 60));
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(wire_dtype_tests)
+
+BOOST_AUTO_TEST_CASE(one_rank_of_zeros_gives_each_value_rounded_to_nearest_even_2_ranks) {
+  // Rank 1 holds zeros: every partial sum is x + 0, so the result is x
+  // rounded once to the wire type, which the oracle knows exactly.
+  for (sf_dtype wire : {SF_DTYPE_FLOAT16, SF_DTYPE_BFLOAT16}) {
+    BOOST_TEST_CONTEXT("wire " << wire) {
+      const std::vector<float> x = roundingCases(wire);
+      auto runs = reduceOnRanks(2, wire, SF_REDUCE_SUM, 1.0, int64_t(x.size()),
+                                [&](int r, int64_t i) { return r == 0 ? x[size_t(i)] : 0.0f; });
+      int64_t wrong = 0, infinities = 0, subnormals = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double want = roundTo16(x[i], wire);
+        for (const auto& run : runs) {
+          const bool same = run.out[i] == float(want);
+          if (!same && wrong++ < 5) {
+            BOOST_TEST_MESSAGE("x = " << std::hexfloat << x[i] << ": got " << run.out[i] << ", want "
+                                      << want << std::defaultfloat);
+          }
+        }
+        infinities += std::isinf(want);
+        subnormals += wire == SF_DTYPE_FLOAT16 && want != 0 && std::fabs(want) < std::ldexp(1.0, -14);
+      }
+      BOOST_TEST(wrong == 0);
+      BOOST_TEST(infinities >= 2);
+      if (wire == SF_DTYPE_FLOAT16) BOOST_TEST(subnormals >= 10);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(fp16_overflow_is_inf_without_a_prescale_and_finite_with_one_2_ranks) {
+  // 40000 is an fp16 value; the sum of two (80000) is not: documented inf.
+  // Averaging divides after widening, so it overflows too; a prescale of
+  // 1/4 applied before rounding keeps every partial sum in range. 98304
+  // alone is out of fp16's range before any sum.
+  const std::vector<float> x0 = {40000.0f, 65504.0f, 98304.0f, -40000.0f, 1.0f};
+  const std::vector<float> x1 = {40000.0f, 65504.0f, 0.0f, -40000.0f, 1.0f};
+  auto value = [&](int r, int64_t i) { return (r == 0 ? x0 : x1)[size_t(i)]; };
+  const int64_t n = int64_t(x0.size());
+  for (sf_reduce_op op : {SF_REDUCE_SUM, SF_REDUCE_AVERAGE}) {
+    for (const auto& run : reduceOnRanks(2, SF_DTYPE_FLOAT16, op, 1.0, n, value)) {
+      BOOST_TEST_CONTEXT("op " << op) {
+        for (int i : {0, 1, 2}) BOOST_TEST((std::isinf(run.out[size_t(i)]) && run.out[size_t(i)] > 0));
+        BOOST_TEST((std::isinf(run.out[3]) && run.out[3] < 0));
+        BOOST_TEST(run.out[4] == (op == SF_REDUCE_SUM ? 2.0f : 1.0f));
+      }
+    }
+  }
+  for (const auto& run : reduceOnRanks(2, SF_DTYPE_FLOAT16, SF_REDUCE_PRESCALED_SUM, 0.25, n, value)) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = 0.25 * (double(x0[size_t(i)]) + x1[size_t(i)]);
+      BOOST_TEST(std::isfinite(run.out[size_t(i)]));
+      // Every value here is exact in fp16 after the prescale: no rounding at all.
+      BOOST_TEST(run.out[size_t(i)] == float(want), "element " << i);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(documented_bound_on_adversarial_values_2_and_4_ranks) {
+  // Each input a float32 ulp below a tie of the wire's grid (every rounding
+  // close to its worst), same signs (errors cannot cancel), magnitudes over
+  // fp16's normal and subnormal range; sums, prescaled sums (1/3: not a power
+  // of two) and averages. Bound (include/sfsync.h), against the exact S:
+  //   |result - k S| <= (N + 1) u sum_i |k x_i|  (+ N 2^-24 for fp16)
+  // plus float32's rounding of k x_i and of the average.
+  const int64_t n = 6000;
+  for (sf_dtype wire : {SF_DTYPE_FLOAT16, SF_DTYPE_BFLOAT16}) {
+    const bool half = wire == SF_DTYPE_FLOAT16;
+    const int fraction = half ? 10 : 7;
+    auto value = [&](int r, int64_t i) {
+      const uint64_t h = splitmix(uint64_t(r + 1) << 32 ^ uint64_t(i));
+      // fp16: exponents -24..12 (subnormals below -14; sums of 4 stay below 65504).
+      const int e = half ? int(h % 37) - 24 : int(h % 80) - 40;
+      const double ulp = std::ldexp(1.0, std::max(e, half ? -14 : -126) - fraction);
+      const double m = double((h >> 8) % uint64_t(1 << fraction));
+      const double base = e < -14 && half ? 0.0 : std::ldexp(1.0, e);
+      const double tie = base + (m + 0.5) * ulp;
+      return std::nextafter(float(tie), 0.0f);
+    };
+    for (int world : {2, 4}) {
+      for (auto [op, k] : {std::pair<sf_reduce_op, double>{SF_REDUCE_SUM, 1.0},
+                           {SF_REDUCE_PRESCALED_SUM, 1.0 / 3.0}, {SF_REDUCE_AVERAGE, 1.0}}) {
+        BOOST_TEST_CONTEXT("wire " << wire << ", world " << world << ", op " << op) {
+          auto runs = reduceOnRanks(world, wire, op, k, n, value);
+          const double u = std::ldexp(1.0, -(fraction + 1));
+          const double div = op == SF_REDUCE_AVERAGE ? world : 1.0;
+          const double kf = double(float(k));  // the factor as the wire applies it
+          double worst = 0;
+          int64_t over = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            double exact = 0, absSum = 0;
+            for (int r = 0; r < world; ++r) {
+              exact += kf * value(r, i);
+              absSum += std::fabs(kf * value(r, i));
+            }
+            exact /= div;
+            absSum /= div;
+            const double absTerm = half ? world * std::ldexp(1.0, -24) / div : 0.0;
+            const double bound = (world + 1) * u * absSum + absTerm + std::ldexp(absSum, -22);
+            for (const auto& run : runs) {
+              const double err = std::fabs(double(run.out[size_t(i)]) - exact);
+              worst = std::max(worst, err / bound);
+              over += err > bound;
+            }
+          }
+          BOOST_TEST(over == 0);
+          // Adversarial indeed: some element uses a good part of the bound.
+          BOOST_TEST(worst > 0.25);
+          BOOST_TEST_MESSAGE("worst err/bound = " << worst);
+        }
+      }
+    }
   }
 }
 

@@ -35,6 +35,35 @@ std::map<std::string, std::string> rendezvousEnv(int64_t timeoutMs) {
           {"SF_TIMEOUT_MS", std::to_string(timeoutMs)}};
 }
 
+// What the kernel counted for each rank of a launched trainer run: the
+// bytes passed to write/writev (wchar, sockets included) from
+// /proc/<pid>/io. Each rank runs under a shell that prints the line
+// "IO rank=R rchar=... wchar=..." after the trainer ended: the shell's
+// counters then hold its reaped child's (the kernel adds a reaped child's
+// I/O to its parent's, kernel/exit.c), and the shell itself writes nothing
+// before. Gloo's TCP pairs send with writev; their receives do not reach
+// rchar (measured: 0 bytes per window), so only sends are counted.
+struct KernelIo {
+  int64_t wchar = 0;
+};
+
+std::vector<KernelIo> trainerIo(int world, int windows, const std::vector<std::string>& args) {
+  std::vector<std::string> cmd = {SF_LAUNCHER, "-n", std::to_string(world), "--", "/bin/sh", "-c",
+                                  "\"$@\"; rc=$?; echo \"IO rank=$RANK\" $(sed 's/: /=/' /proc/$$/io); exit $rc",
+                                  "sh", SF_TRAINER, "--windows", std::to_string(windows), "--quiet"};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  const ProcessResult res = runProcess(cmd, {}, 120);
+  BOOST_TEST_REQUIRE(res.exitCode == 0, res.output);
+  std::vector<KernelIo> io(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const std::string prefix = "IO rank=" + std::to_string(r);
+    const std::string w = field(res.output, prefix, "wchar");
+    BOOST_TEST_REQUIRE(!w.empty(), res.output);
+    io[size_t(r)] = {std::stoll(w)};
+  }
+  return io;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(process_tests)
@@ -68,6 +97,48 @@ BOOST_AUTO_TEST_CASE(launcher_c_trainer_gloo_processes_world_2_and_4) {
             BOOST_TEST(std::stod(diff) <= 1e-5);
           }
         }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(kernel_counted_bytes_per_window_are_one_all_reduce_gloo_processes) {
+  // An oracle the product does not supply: the bytes each rank's process
+  // wrote to its sockets per window, as the kernel counts them, against
+  // the gradient bytes G computed here from the model's shape.
+  // Per window = (run of 5 windows - run of 1 window) / 4: the difference
+  // removes all that does not scale with windows (loading libraries, the
+  // env:// store, Gloo's connections, the layout check, the RESULT line,
+  // teardown), so what remains is what the windows cost.
+  // Bounds per rank per window, N ranks, float32 on the wire:
+  //   >= G: every element of a rank's gradient must leave it at least once
+  //         (rules out "sent nothing" and "sent part of it");
+  //   <= 1.3 * 2 (N - 1) / N * G: a bandwidth-optimal all-reduce (ring)
+  //         sends 2 (N - 1) / N * G per rank (G for 2 ranks), plus 30 % for
+  //         framing. One more all-reduce of the bucket per window is 2x.
+  const int blocks = 8, rows = 64, in = 256;
+  const int64_t gradBytes = int64_t(blocks * rows * in + rows * blocks) * 4;
+  const std::vector<std::string> model = {"--blocks", std::to_string(blocks), "--rows",
+                                          std::to_string(rows), "--in", std::to_string(in),
+                                          "--micro", "2", "--batch", "1"};
+  struct Case {
+    int world;
+    std::vector<std::string> caps;
+  };
+  const std::vector<Case> cases = {{2, {}}, {4, {}}, {2, {"--cap-mb", "0.25", "--first-cap-mb", "0.1"}}};
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT("world " << c.world << (c.caps.empty() ? ", one bucket" : ", 3 buckets")) {
+      std::vector<std::string> args = model;
+      args.insert(args.end(), c.caps.begin(), c.caps.end());
+      const auto one = trainerIo(c.world, 1, args);
+      const auto five = trainerIo(c.world, 5, args);
+      const double upper = 1.3 * 2.0 * (c.world - 1) / c.world * double(gradBytes);
+      for (int r = 0; r < c.world; ++r) {
+        const double sent = double(five[size_t(r)].wchar - one[size_t(r)].wchar) / 4;
+        BOOST_TEST_MESSAGE("rank " << r << ": sent " << sent << " bytes per window; G = " << gradBytes
+                                   << ", bounds [" << gradBytes << ", " << upper << "]");
+        BOOST_TEST(sent >= double(gradBytes), "rank " << r << " sent " << sent << " bytes per window");
+        BOOST_TEST(sent <= upper, "rank " << r << " sent " << sent << " bytes per window");
       }
     }
   }

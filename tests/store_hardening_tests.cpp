@@ -1,7 +1,8 @@
 // Rendezvous under faults, ranks as threads: every wait ends within
 // timeout_ms + kSlack with SF_ERR_TIMEOUT / SF_ERR_BACKEND / SF_ERR_MISMATCH
 // and a message that names what it waited for; the env:// store survives
-// strangers (garbage, floods, fd exhaustion) and admits only the job.
+// strangers (garbage, floods, fd exhaustion) and admits only the job; a
+// client with the job token trusts only a store that proves it knows it.
 // Each case was seen to fail (hang, wrong status, leak or >5x timeout) on
 // the 0.1 code before the fix.
 
@@ -18,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -33,8 +35,10 @@
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
 #include "plugin/core/options.h"
+#include "plugin/rendezvous/job_token.h"
 #include "plugin/rendezvous/memory_store.h"
 #include "plugin/rendezvous/store_factory.h"
+#include "plugin/rendezvous/store_protocol.h"
 #include "plugin/rendezvous/tcp_store.h"
 #include "plugin/tools/silent_listener.h"
 #include "tests/support/processes.h"
@@ -549,6 +553,175 @@ BOOST_AUTO_TEST_CASE(stranger_speaking_the_protocol_without_token_reads_nothing)
   BOOST_TEST(n == 0, "the store did not close the connection");
   BOOST_TEST(seen.find("SECRET-ADDRESS") == std::string::npos);
   BOOST_TEST(seen.find("authenticate first") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---- The client refuses a store that does not know the job token -----------------
+
+namespace {
+
+namespace sp = sfsync::store_protocol;
+
+// A stand-in for whatever answers on MASTER_PORT when rank 0's store is not
+// there: it accepts one connection and either sends `garbage` as is, or
+// speaks the handshake (store_protocol.h) without knowing the job's token:
+// its hello says whether it checks tokens (`claimsAuth`), and its answer to
+// the client's proof is answer(client nonce, client mac, its own nonce).
+// After that it acknowledges every request with a value, as a store that
+// accepted the client would; requests() counts them (and, for a garbage
+// sender, the client's proof): what a client that trusted it told it.
+class Impostor {
+ public:
+  using Answer = std::function<std::string(const std::string&, const std::string&, const std::string&)>;
+  Impostor(bool claimsAuth, Answer answer, std::string garbage = "")
+      : claimsAuth_(claimsAuth), answer_(std::move(answer)), garbage_(std::move(garbage)) {
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~Impostor() {
+    stop_ = true;
+    thread_.join();
+  }
+  int port() const { return listener_.port; }
+  int requests() const { return requests_; }
+
+ private:
+  void serve() {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    pollfd p{listener_.fd, POLLIN, 0};
+    while (!stop_ && std::chrono::steady_clock::now() < end && ::poll(&p, 1, 50) == 0) {
+    }
+    if (stop_ || !(p.revents & POLLIN)) return;
+    const int fd = ::accept(listener_.fd, nullptr, nullptr);
+    if (fd < 0) return;
+    const std::string nonce(sp::kNonceBytes, 'n');
+    send(fd, garbage_.empty() ? sp::encode('H', {sp::kVersion, nonce, claimsAuth_ ? "1" : "0", "4096"})
+                              : garbage_);
+    sp::FrameParser parser(1 << 16);
+    bool authenticated = false;
+    while (!stop_ && std::chrono::steady_clock::now() < end) {
+      pollfd q{fd, POLLIN, 0};
+      if (::poll(&q, 1, 50) <= 0) continue;
+      char b[4096];
+      const ssize_t n = ::recv(fd, b, sizeof b, 0);
+      if (n <= 0) break;
+      parser.feed(b, size_t(n));
+      sp::Message m;
+      while (parser.next(m) == sp::FrameParser::Result::kMessage) {
+        if (!authenticated && answer_ && m.type == 'A' && m.fields.size() == 2) {
+          send(fd, sp::encode('K', {answer_(m.fields[0], m.fields[1], nonce)}));
+          authenticated = true;
+        } else {
+          ++requests_;
+          send(fd, sp::encode('K', {"10.6.6.6:666"}));
+        }
+      }
+    }
+    ::close(fd);
+  }
+  static void send(int fd, const std::string& s) { (void)!::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
+
+  SilentListener listener_;  // bound before the thread starts: port() is valid at once
+  const bool claimsAuth_;
+  const Answer answer_;
+  const std::string garbage_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+  std::thread thread_;
+};
+
+// The server's side of the proof (tcp_store.cpp's role string), for `key`.
+std::string serverProof(const std::string& key, const std::string& clientNonce,
+                        const std::string& serverNonce) {
+  return proof(key, "sfsync-store server", clientNonce, serverNonce);
+}
+
+// A rank with the job token reading rank 0's key from the store on `port`.
+Outcome tokenClientReads(int port) {
+  ScopedEnv token("SF_AUTH_TOKEN", "the-job-token");
+  return bounded(
+      [&] {
+        TcpStore client("127.0.0.1", port, false, milliseconds(1000));
+        client.get("sfsync/0");
+      },
+      10);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(store_hardening_tests)
+
+BOOST_AUTO_TEST_CASE(client_with_the_token_refuses_a_real_store_without_one) {
+  const int port = sftest::freePort();
+  TcpStore open("127.0.0.1", port, true, milliseconds(3000));  // rank 0 started without the token
+  open.set("sfsync/0", bytes("rank 0's address"));
+  const Outcome o = tokenClientReads(port);
+  expectBounded(o, 1.0, {SF_ERR_BACKEND});
+  BOOST_TEST(o.message.find("does not check the job token") != std::string::npos, o.message);
+}
+
+BOOST_AUTO_TEST_CASE(client_with_the_token_refuses_impostors_and_tells_them_nothing) {
+  // Each impostor would hand the client a forged rank 0 address if the
+  // client trusted it; the client must fail the handshake and send no request.
+  struct Case {
+    const char* what;
+    bool claimsAuth;
+    Impostor::Answer answer;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"an open store (no token check)", false, [](auto&, auto&, auto&) { return std::string(); },
+       "does not check the job token"},
+      {"a store with another token", true,
+       [](auto& cn, auto&, auto& sn) { return serverProof("another-job-token", cn, sn); },
+       "does not know the job token"},
+      {"a store that accepts anyone (no proof)", true, [](auto&, auto&, auto&) { return std::string(); },
+       "does not know the job token"},
+      {"a store that sends 32 random bytes", true,
+       [](auto&, auto&, auto&) { return randomBytes(sp::kMacBytes); }, "does not know the job token"},
+      {"a store that reflects the client's own proof", true,
+       [](auto&, auto& mac, auto&) { return mac; }, "does not know the job token"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      Impostor impostor(c.claimsAuth, c.answer);
+      const Outcome o = tokenClientReads(impostor.port());
+      expectBounded(o, 1.0, {SF_ERR_BACKEND});
+      BOOST_TEST(o.message.find(c.says) != std::string::npos, o.message);
+      BOOST_TEST(impostor.requests() == 0, "the client sent " << impostor.requests() << " requests");
+    }
+  }
+  // The harness itself: an impostor that does know the token is trusted
+  // (so the refusals above are the client's checks, not a broken stand-in).
+  Impostor knows(true, [](auto& cn, auto&, auto& sn) { return serverProof("the-job-token", cn, sn); });
+  const Outcome ok = tokenClientReads(knows.port());
+  BOOST_TEST(ok.status == SF_OK, ok.message);
+  BOOST_TEST(knows.requests() >= 1);
+}
+
+BOOST_AUTO_TEST_CASE(client_refuses_a_stranger_that_answers_garbage) {
+  struct Case {
+    const char* what;
+    std::string bytes;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"an HTTP server", "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+       "does not speak the sfsync store protocol"},
+      {"another protocol version",
+       sp::encode('H', {"sfsync-store-0", std::string(sp::kNonceBytes, 'n'), "1", "4096"}),
+       "does not speak version"},
+      {"a short hello", sp::encode('H', {sp::kVersion}), "does not speak version"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      Impostor stranger(true, nullptr, c.bytes);
+      const Outcome o = tokenClientReads(stranger.port());
+      expectBounded(o, 1.0, {SF_ERR_BACKEND});
+      BOOST_TEST(o.message.find(c.says) != std::string::npos, o.message);
+      BOOST_TEST(stranger.requests() == 0);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -312,8 +312,11 @@ class _Verifier:
 
 
 def _verify_if_due(sync):
-    """verify_every: at a forward pass outside a window, once every
-    verify_every windows, compare the replicas (GradientSync and DDPSync)."""
+    """verify_every: once every verify_every windows, outside a window,
+    compare the replicas (GradientSync and DDPSync). GradientSync calls it at
+    a window's first forward and on entering accumulate(), before any forward
+    of the window moved a buffer (verify_buffers), and at later forwards;
+    DDPSync at the wrapped module's forward, after DDP's buffer broadcast."""
     if (sync._verifier is not None and sync.windows - sync._last_verified >= sync._verify_every
             and not sync.context.in_accumulation()):
         sync._last_verified = sync.windows
@@ -532,6 +535,10 @@ class GradientSync:
             return
         if self._window_start():
             self._attach_grads()
+            # Before the window's first forward moves a buffer (BatchNorm
+            # statistics: each rank's own batches), while every rank still
+            # holds the buffers broadcast after the last window.
+            _verify_if_due(self)
         if self.accumulation_steps:
             self._enter_pass_window()
         _verify_if_due(self)
@@ -589,6 +596,7 @@ class GradientSync:
         if self.accumulation_steps:
             raise RuntimeError("GradientSync(accumulation_steps=%d) opens and closes windows "
                                "itself: do not use accumulate()" % self.accumulation_steps)
+        _verify_if_due(self)  # before the window's forwards move the buffers
         return self.context.accumulate()
 
     no_sync = accumulate  # the name DDP users know
@@ -776,6 +784,10 @@ class DDPSync:
             me = weakref.ref(self)
             ddp.register_comm_hook(_HookState(me), _ddp_comm_hook)
             self._handles.append(ddp.register_forward_pre_hook(_ddp_forward_hook(me)))
+            # The replica check runs at the wrapped module's forward: after
+            # DDP broadcast the buffers (broadcast_buffers), before this
+            # forward moves them (BatchNorm statistics).
+            self._handles.append(ddp.module.register_forward_pre_hook(_ddp_verify_hook(me)))
             _log(sfsync.LOG_INFO, "attach: DDP comm hook, %s, world size %d%s" % (
                 "accumulation_steps=%d" % accumulation_steps if accumulation_steps
                 else "explicit windows", self.world_size,
@@ -792,7 +804,6 @@ class DDPSync:
             return
         if self.accumulation_steps:
             self._enter_pass_window()
-        _verify_if_due(self)
 
     def _hook(self, bucket):
         import torch.distributed as dist
@@ -877,6 +888,14 @@ def _ddp_forward_hook(me):
         sync = me()
         if sync is not None and sync.context is not None:
             sync._forward()
+    return hook
+
+
+def _ddp_verify_hook(me):
+    def hook(module, inputs):
+        sync = me()
+        if sync is not None and sync.context is not None and torch.is_grad_enabled():
+            _verify_if_due(sync)
     return hook
 
 

@@ -336,8 +336,48 @@ class TwoRanksAsThreads(unittest.TestCase):
             i, pname, step, text = out[rank]
             self.assertEqual(pname, "fc2.bias")
             self.assertEqual(step, 4)     # windows 3 and 4 passed; checked before window 5's step
-            self.assertEqual(i, 9)        # the forward of window 5's last pass
+            self.assertEqual(i, 8)        # the forward of window 5's first pass
             self.assertIn("first differing tensor is 'fc2.bias'", text)
+
+    def test_verify_buffers_passes_with_batchnorm_and_names_a_buffer_that_differs(self):
+        """verify_buffers=True with a BatchNorm raised on equal replicas: the
+        check ran at the window's last forward, after the window's earlier
+        forwards had moved each rank's statistics (its own batches). It runs
+        before the window's first forward now (counting mode) or on entering
+        accumulate() (explicit windows); a buffer that really differs on one
+        rank is named at the next check."""
+        import contextlib
+        for explicit in (False, True):
+            name = "memory://vbuf-%s" % uuid.uuid4().hex
+            models = [Net(), Net()]
+
+            def rank_fn(rank):
+                model = models[rank]
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                sync = sft.GradientSync(model, accumulation_steps=None if explicit else 2,
+                                        verify_every=1, verify_buffers=True, rank=rank,
+                                        world_size=2, rendezvous=name, timeout_ms=30000)
+                try:
+                    for w in range(4):
+                        if w == 3 and rank == 1:
+                            with torch.no_grad():
+                                model.bn.running_mean[0] += 1.0
+                        for i in range(2):
+                            inside = sync.accumulate() if explicit and i == 0 else None
+                            with inside or contextlib.nullcontext():
+                                model(data(10 * rank + 2 * w + i)).pow(2).mean().backward()
+                        if explicit:
+                            sync.synchronize()
+                        opt.step()
+                        opt.zero_grad()
+                    return None
+                except sft.ReplicaMismatchError as e:
+                    return (w, e.name)
+                finally:
+                    sync.close()
+            out, errors = run_threads(rank_fn)
+            self.assertEqual(errors, [None, None])
+            self.assertEqual(out, [(3, "bn.running_mean")] * 2, "explicit windows: %s" % explicit)
 
 
 if __name__ == "__main__":

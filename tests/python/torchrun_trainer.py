@@ -2,9 +2,11 @@
 (run by run_torchrun.py under `python3 -m torch.distributed.run`).
 
     --variant gradsync   dist.init_process_group("gloo"); GradientSync(model, accumulation_steps=N,
-                         verify_every=2)
+                         verify_every=2, verify_buffers=True); ranks != 0 move their BatchNorm
+                         statistics away inside each window, and after it every rank must
+                         hold rank 0's buffers (compared with torch's all_gather)
     --variant attach     dist.init_process_group("gloo"); DDP(model) + sfsync.torch.attach(ddp, N,
-                         verify_every=2) (equal replicas pass every check)
+                         verify_every=2, verify_buffers=True) (equal replicas pass every check)
     --variant shim       dist.init_process_group("gloo"); plain DDP stepping every N passes,
                          no no_sync(): the preloaded shim with SF_ACCUMULATION_STEPS=N defers
     --variant nodist     no torch.distributed at all: GradientSync meets through torchrun's store
@@ -112,17 +114,46 @@ def run_reference(rank, args):
     return ddp.module, per_window
 
 
-def run_variant(rank, args):
+def buffers_of(module):
+    return torch.cat([b.detach().double().reshape(-1) for b in module.buffers()])
+
+
+def diverge_buffers(module, rank):
+    """Ranks != 0 move their BatchNorm statistics far from rank 0's (they
+    also drift apart by themselves: each rank normalizes its own batches)."""
+    with torch.no_grad():
+        module.bn.running_mean.add_(10.0 * rank)
+        module.bn.running_var.mul_(1.0 + rank)
+        module.bn.num_batches_tracked.add_(1000 * rank)
+
+
+def buffers_failures(module, rank, world, window):
+    """After a window: every rank holds rank 0's buffers, bit for bit (torch's
+    own all_gather, not sfsync's broadcast, is the oracle)."""
+    mine = buffers_of(module)
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return ["window %d: rank %d's buffers differ from rank 0's by %g" % (
+        window, r, (parts[r] - parts[0]).abs().max().item())
+        for r in range(1, world) if not torch.equal(parts[r], parts[0])]
+
+
+def run_variant(rank, args, failures=None):
     """The variant's model after training, bytes written per window, and
-    which passes said is_step()."""
+    which passes said is_step(). gradsync: the buffers' checks go to
+    `failures`."""
     n = args.steps
     model = make_net(rank)
     sync, module, steps_seen = None, model, []
+    check_buffers = args.variant == "gradsync" and failures is not None and n > 1
     if args.variant in ("gradsync", "nodist"):
-        sync = sft.GradientSync(model, accumulation_steps=n, verify_every=2, verify_buffers=False)
+        # verify_buffers: the check at a window's first forward (after the
+        # previous window's broadcast) compares the buffers too.
+        sync = sft.GradientSync(model, accumulation_steps=n, verify_every=2,
+                                verify_buffers=args.variant == "gradsync")
     elif args.variant == "attach":
         module = DDP(model, find_unused_parameters=True)
-        sync = sft.attach(module, accumulation_steps=n, verify_every=2)
+        sync = sft.attach(module, accumulation_steps=n, verify_every=2, verify_buffers=True)
     elif args.variant == "shim":
         module = DDP(model, find_unused_parameters=True)
     opt = optimizer(module.parameters())
@@ -131,6 +162,8 @@ def run_variant(rank, args):
         before = wchar()
         for i in range(n):
             loss_of(module, rank, w, i, n).backward()
+            if check_buffers and i == 0 and n > 1:
+                diverge_buffers(model, rank)  # after the forward that verified them
             if sync is None:
                 if i == n - 1:
                     opt.step()
@@ -140,6 +173,8 @@ def run_variant(rank, args):
                 opt.step()
                 opt.zero_grad()
         per_window.append(wchar() - before)
+        if check_buffers:  # outside the bytes measured
+            failures += buffers_failures(model, rank, int(os.environ["WORLD_SIZE"]), w)
     if sync is not None and sync._verifier.checks != (args.windows - 1) // 2:
         raise AssertionError("verify_every=2: %d replica checks in %d windows, expected %d"
                              % (sync._verifier.checks, args.windows, (args.windows - 1) // 2))
@@ -265,7 +300,7 @@ def main():
         else:
             ref, ref_bytes = run_reference(rank, args)
         dist.barrier()
-        model, per_window, sync = run_variant(rank, args)
+        model, per_window, sync = run_variant(rank, args, failures)
         gbytes = grad_bytes(model)
         diff = (flat(model) - flat(ref)).abs().max().item()
         if not diff <= args.tolerance:
@@ -293,9 +328,11 @@ def main():
         if sync is not None and hasattr(sync, "close"):
             sync.close()
         if not failures:
-            say(rank, "OK %s: max |%s - DDP no_sync()| = %.3g, ranks identical, gradient %d B, "
+            say(rank, "OK %s: max |%s - DDP no_sync()| = %.3g, ranks identical%s, gradient %d B, "
                 "bytes written per window = %s x gradient (DDP no_sync(): %s)" % (
-                    args.variant, args.variant, diff, gbytes, ["%.2f" % r for r in ratios],
+                    args.variant, args.variant, diff,
+                    " (buffers too, after each of %d windows)" % args.windows
+                    if args.variant == "gradsync" else "", gbytes, ["%.2f" % r for r in ratios],
                     ["%.2f" % r for r in ref_ratios]))
     for f in failures:
         say(rank, "CHECK FAILED " + f)
