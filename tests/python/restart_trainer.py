@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torchrun_trainer as tt  # noqa: E402  (the model, data and references)
 
+import sfsync  # noqa: E402
 from sfsync import torch as sft  # noqa: E402
 
 VERIFY_EVERY = 2
@@ -155,9 +156,9 @@ def main():
         say(rank, "CHECK FAILED " + f)
     if not failures:
         tt.say(rank, "OK %s%s resumed at window %d after 2 kills: max |resumed - uninterrupted| "
-               "= %.3g, replicas compared at windows %s" % (
+               "= %.3g, replicas compared at windows %s, library %s" % (
                    args.variant, " with init_process_group" if args.dist else
-                   " without torch.distributed", start, diff, checked))
+                   " without torch.distributed", start, diff, checked, sfsync.library_path()))
     if args.dist:
         dist.barrier()
         time.sleep(0.2)  # PyTorch 1.13 + Gloo teardown (TOOLCHAIN.md)
