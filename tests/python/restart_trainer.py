@@ -11,6 +11,9 @@ rank 0's last checkpoint, while rank 1 is SIGKILLed twice:
 
     --variant gradsync  GradientSync(model, accumulation_steps=N, verify_every=2)
     --variant attach    DDP(model) + sfsync.torch.attach(ddp, N, verify_every=2)
+    --variant both      the two side by side on two models in one process (one
+                        torchrun run for both: the rendezvous kill hits
+                        GradientSync's, the first context)
     --dist              dist.init_process_group("gloo") first (attach needs it);
                         without it sfsync meets through torchrun's agent store
 
@@ -69,16 +72,67 @@ def kill_in_rendezvous(rank, attempt):
     sft._torch_store_callbacks = callbacks
 
 
-def save(path, model, opt, sync, windows):
+def save(path, runs, windows):
     tmp = path + ".tmp"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                "sync": sync.state_dict(), "windows": windows}, tmp)
+    torch.save({"runs": {t.variant: t.state() for t in runs}, "windows": windows}, tmp)
     os.replace(tmp, path)  # a kill leaves the old checkpoint or the new one
+
+
+class Trainee:
+    """One model trained with one way of using sfsync, restored from its
+    part of the checkpoint (`saved`) when there is one."""
+
+    def __init__(self, variant, rank, n, saved):
+        self.variant = variant
+        self.model = tt.make_net(rank)
+        if saved:
+            self.model.load_state_dict(saved["model"])
+        if variant == "gradsync":
+            self.module = self.model
+            self.sync = sft.GradientSync(self.model, accumulation_steps=n,
+                                         verify_every=VERIFY_EVERY)
+        else:
+            self.module = DDP(self.model, find_unused_parameters=True)
+            self.sync = sft.attach(self.module, accumulation_steps=n, verify_every=VERIFY_EVERY)
+        self.opt = tt.optimizer(self.module.parameters())
+        if saved:
+            self.opt.load_state_dict(saved["opt"])
+            self.sync.load_state_dict(saved["sync"])
+        self.checked = []
+        real_check = self.sync._verifier.check
+        self.sync._verifier.check = lambda step: (self.checked.append(step), real_check(step))
+
+    def state(self):
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                "sync": self.sync.state_dict()}
+
+    def finish(self, args, start, ref):
+        """The failures of this run's checks (and closes it)."""
+        failures = []
+        state = self.sync.state_dict()
+        if state["windows"] != args.windows:
+            failures.append("%s: state_dict()['windows'] = %d, expected %d"
+                            % (self.variant, state["windows"], args.windows))
+        # The forward of window w (w >= 1, outside a window) checks the
+        # weights after w steps when w - (the last checked) >= VERIFY_EVERY.
+        expected = [w for w in range(VERIFY_EVERY, args.windows, VERIFY_EVERY) if w >= start]
+        self.cadence = list(self.checked)  # (verify() below is not part of the cadence)
+        if self.cadence != expected:
+            failures.append("%s: verify_every=%d: replicas compared at windows %s after "
+                            "resuming at %d, expected %s (the cadence of an uninterrupted run)"
+                            % (self.variant, VERIFY_EVERY, self.cadence, start, expected))
+        self.sync.verify()  # the ranks hold the same weights (through sfsync)
+        self.diff = (tt.flat(self.model) - tt.flat(ref)).abs().max().item()
+        if not self.diff <= args.tolerance:
+            failures.append("%s: max |resumed - uninterrupted DDP-correct| = %g > %g"
+                            % (self.variant, self.diff, args.tolerance))
+        self.sync.close()
+        return failures
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--variant", required=True, choices=["gradsync", "attach"])
+    p.add_argument("--variant", required=True, choices=["gradsync", "attach", "both"])
     p.add_argument("--dist", action="store_true")
     p.add_argument("--ckpt", required=True, help="checkpoint directory (shared by the ranks)")
     p.add_argument("--steps", type=int, default=4)
@@ -93,51 +147,30 @@ def main():
     n = args.steps
     if args.dist:
         dist.init_process_group("gloo")
+    elif args.variant != "gradsync":
+        p.error("--variant %s needs --dist (DDP needs a process group)" % args.variant)
     saved = torch.load(path) if os.path.exists(path) else None
     start = saved["windows"] if saved else 0
     say(rank, "resuming at window %d" % start if saved else "starting")
 
-    model = tt.make_net(rank)
-    if saved:
-        model.load_state_dict(saved["model"])
     kill_in_rendezvous(rank, attempt)
-    if args.variant == "gradsync":
-        module = model
-        sync = sft.GradientSync(model, accumulation_steps=n, verify_every=VERIFY_EVERY)
-    else:
-        module = DDP(model, find_unused_parameters=True)
-        sync = sft.attach(module, accumulation_steps=n, verify_every=VERIFY_EVERY)
-    opt = tt.optimizer(module.parameters())
-    if saved:
-        opt.load_state_dict(saved["opt"])
-        sync.load_state_dict(saved["sync"])
-    checked = []
-    real_check = sync._verifier.check
-    sync._verifier.check = lambda step: (checked.append(step), real_check(step))
+    variants = ["gradsync", "attach"] if args.variant == "both" else [args.variant]
+    runs = [Trainee(v, rank, n, saved["runs"][v] if saved else None) for v in variants]
 
     for w in range(start, args.windows):
         for i in range(n):
-            tt.loss_of(module, rank, w, i, n).backward()
+            for t in runs:
+                tt.loss_of(t.module, rank, w, i, n).backward()
             if attempt == 0 and rank == 1 and w == args.kill_window and i == 0:
                 die(rank, "in window %d, after micro-batch 0" % w)
-            if sync.is_step():
-                opt.step()
-                opt.zero_grad()
+            for t in runs:
+                if t.sync.is_step():
+                    t.opt.step()
+                    t.opt.zero_grad()
         if rank == 0:
-            save(path, model, opt, sync, w + 1)
+            save(path, runs, w + 1)
 
     failures = []
-    state = sync.state_dict()
-    if state["windows"] != args.windows:
-        failures.append("state_dict()['windows'] = %d, expected %d" % (state["windows"],
-                                                                       args.windows))
-    # The forward of window w (w >= 1, outside a window) checks the weights
-    # after w steps when w - (the last checked) >= VERIFY_EVERY.
-    expected = [w for w in range(VERIFY_EVERY, args.windows, VERIFY_EVERY) if w >= start]
-    if checked != expected:
-        failures.append("verify_every=%d: replicas compared at windows %s after resuming at %d, "
-                        "expected %s (the cadence of an uninterrupted run)"
-                        % (VERIFY_EVERY, checked, start, expected))
     if attempt != 2:
         failures.append("reached the end in attempt %d, expected 2 (both kills)" % attempt)
     if args.dist:
@@ -145,20 +178,17 @@ def main():
     else:
         ref = tt.local_reference(argparse.Namespace(windows=args.windows, steps=n), world)
         args.tolerance = max(args.tolerance, 1e-5)  # another summation order
-    checked = list(checked)  # (the verify() below is not part of the cadence)
-    sync.verify()  # the ranks hold the same weights (through sfsync)
-    diff = (tt.flat(model) - tt.flat(ref)).abs().max().item()
-    if not diff <= args.tolerance:
-        failures.append("max |resumed - uninterrupted DDP-correct| = %g > %g"
-                        % (diff, args.tolerance))
-    sync.close()
+    for t in runs:
+        failures += t.finish(args, start, ref)
     for f in failures:
         say(rank, "CHECK FAILED " + f)
     if not failures:
-        tt.say(rank, "OK %s%s resumed at window %d after 2 kills: max |resumed - uninterrupted| "
-               "= %.3g, replicas compared at windows %s, library %s" % (
-                   args.variant, " with init_process_group" if args.dist else
-                   " without torch.distributed", start, diff, checked, sfsync.library_path()))
+        for t in runs:
+            tt.say(rank, "OK %s%s resumed at window %d after 2 kills: max |resumed - "
+                   "uninterrupted| = %.3g, replicas compared at windows %s, library %s" % (
+                       t.variant, " with init_process_group" if args.dist else
+                       " without torch.distributed", start, t.diff, t.cadence,
+                       sfsync.library_path()))
     if args.dist:
         dist.barrier()
         time.sleep(0.2)  # PyTorch 1.13 + Gloo teardown (TOOLCHAIN.md)
