@@ -116,8 +116,9 @@ void Membership::refuseIfSuperseded() {
 }
 
 std::string Membership::waitGetGuarded(gloo::rendezvous::Store& store, const std::string& key,
-                                       Clock::time_point deadline, const std::string& what) {
-  if (!guard_) return waitGet(store, key, left(deadline), what);
+                                       milliseconds timeout, const std::string& what) {
+  if (!guard_) return waitGet(store, key, timeout, what);
+  const Clock::time_point deadline = Clock::now() + timeout;
   for (;;) {
     const milliseconds slice = std::min(kGuardPoll, left(deadline));
     try {
@@ -180,7 +181,7 @@ void Membership::joinAsRoot(gloo::rendezvous::Store& store) {
   std::string error;
   for (int r = 1; r < world && status == SF_OK; ++r) {
     try {
-      claims.push_back(waitGetGuarded(store, joinKey(r), deadline, "join"));
+      claims.push_back(waitGetGuarded(store, joinKey(r), left(deadline), "join"));
     } catch (const Error& e) {
       if (refused_) throw;
       status = e.status();
@@ -229,7 +230,7 @@ void Membership::joinAsRoot(gloo::rendezvous::Store& store) {
 
 void Membership::joinAsPeer(gloo::rendezvous::Store& store) {
   const std::string me = "rank " + std::to_string(opts_.rank);
-  roster_ = waitGetGuarded(store, kRosterKey, Clock::now() + bounded(opts_.timeout_ms),
+  roster_ = waitGetGuarded(store, kRosterKey, bounded(opts_.timeout_ms),
                            me + " did not receive rank 0's roster from " + where_ + " within timeout_ms = " +
                         std::to_string(opts_.timeout_ms) + " (is rank 0 running, with the same "
                         "rendezvous?)");

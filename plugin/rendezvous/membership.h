@@ -56,10 +56,10 @@ class Membership {
   void joinAsPeer(gloo::rendezvous::Store& store);
   // Throws SF_ERR_MISMATCH when a later attempt has started.
   void refuseIfSuperseded();
-  // waitGet within `deadline`, asking the guard every kGuardPoll whether a
+  // waitGet within `timeout`, asking the guard every kGuardPoll whether a
   // later attempt started (then refused).
   std::string waitGetGuarded(gloo::rendezvous::Store& store, const std::string& key,
-                             std::chrono::steady_clock::time_point deadline, const std::string& what);
+                             std::chrono::milliseconds timeout, const std::string& what);
 
   const sf_options opts_;
   const std::string where_;  // for messages: which store
