@@ -61,7 +61,7 @@ typedef int32_t sf_status;
 #define SF_OK 0
 #define SF_ERR_INVALID_ARGUMENT 1 /* a NULL, out-of-range or malformed argument */
 #define SF_ERR_INVALID_STATE 2    /* a call at the wrong time (window misuse, late registration) */
-#define SF_ERR_MISMATCH 3         /* ranks disagree (gradient layout) */
+#define SF_ERR_MISMATCH 3         /* ranks disagree (gradient layout, world size, replicas, who holds a rank) */
 #define SF_ERR_BACKEND 4          /* the transport failed (peer lost, connection refused) */
 #define SF_ERR_TIMEOUT 5          /* a collective or rendezvous outlived timeout_ms */
 #define SF_ERR_UNSUPPORTED 6      /* not available in this build or on this machine */

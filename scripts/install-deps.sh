@@ -15,6 +15,8 @@ packages=(
   cargo librust-libloading-dev        # the Rust sample (offline, Debian's crates)
   iproute2                            # simulated hosts (scripts/cluster.sh: ip netns, tc tbf)
   python3-matplotlib                  # benchmark and trace plots (bench/, scripts/)
+  python3-setuptools python3-wheel    # pip install . / the wheel, offline (pyproject.toml)
+  python3-pip python3-venv python3-build  # the pip and wheel test (tests/python/test_pip_install.py)
   clang-14 libclang-rt-14-dev         # libFuzzer targets (tests/fuzz: ctest -L fuzz)
 )
 

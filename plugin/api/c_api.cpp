@@ -67,8 +67,8 @@ const char* sf_status_string(sf_status status) {
       return "invalid state: a call at the wrong point of the accumulation window or after the "
              "buckets were built (sf_last_error() says which)";
     case SF_ERR_MISMATCH:
-      return "ranks disagree on the gradient layout (register the same gradients in the same "
-             "order on every rank)";
+      return "ranks disagree: on the gradient layout, the world size, the replicas' contents, or "
+             "which process holds a rank (sf_last_error() says which)";
     case SF_ERR_BACKEND: return "the transport failed: a peer was lost or could not be reached";
     case SF_ERR_TIMEOUT:
       return "timed out waiting for peers (raise SF_TIMEOUT_MS or check that every rank runs)";

@@ -24,6 +24,8 @@ using std::chrono::milliseconds;
 constexpr const char* kRosterKey = "roster";
 // "Is it there now?": Gloo's stores read a 0 ms timeout as "no timeout".
 constexpr std::chrono::milliseconds kProbe(1);
+// How often a waiting rank asks whether its attempt was superseded.
+constexpr std::chrono::milliseconds kGuardPoll(200);
 
 std::string joinKey(int rank) { return "join/" + std::to_string(rank); }
 
@@ -99,14 +101,39 @@ std::vector<std::string> lines(const std::string& s) {
 
 }  // namespace
 
-Membership::Membership(const sf_options& opts, std::string where)
-    : opts_(opts), where_(std::move(where)) {
+Membership::Membership(const sf_options& opts, std::string where, AttemptGuard* guard)
+    : opts_(opts), where_(std::move(where)), guard_(guard) {
   claim_ = "world_size=" + std::to_string(opts.world_size) + " nonce=" + makeNonce() +
            " host=" + hostName() + " pid=" + std::to_string(::getpid());
 }
 
+void Membership::refuseIfSuperseded() {
+  if (!guard_) return;
+  const std::string why = guard_->supersededBy();
+  if (why.empty()) return;
+  refused_ = true;
+  fail(SF_ERR_MISMATCH, "rank " + std::to_string(opts_.rank) + " refused by " + where_ + ": " + why);
+}
+
+std::string Membership::waitGetGuarded(gloo::rendezvous::Store& store, const std::string& key,
+                                       milliseconds timeout, const std::string& what) {
+  if (!guard_) return waitGet(store, key, timeout, what);
+  const Clock::time_point deadline = Clock::now() + timeout;
+  for (;;) {
+    const milliseconds slice = std::min(kGuardPoll, left(deadline));
+    try {
+      return waitGet(store, key, slice, what);
+    } catch (const Error& e) {
+      if (e.status() != SF_ERR_TIMEOUT || Clock::now() >= deadline) throw;
+    }
+    refuseIfSuperseded();
+  }
+}
+
 void Membership::join(gloo::rendezvous::Store& store) {
   const std::string me = "rank " + std::to_string(opts_.rank);
+  refuseIfSuperseded();
+  if (opts_.rank == 0 && guard_) guard_->supersedeEarlier();
   if (opts_.rank == 0) {
     // A fresh job has no roster before rank 0 publishes one: a store that
     // holds one already is an earlier job's (keys are never deleted) or
@@ -154,8 +181,9 @@ void Membership::joinAsRoot(gloo::rendezvous::Store& store) {
   std::string error;
   for (int r = 1; r < world && status == SF_OK; ++r) {
     try {
-      claims.push_back(waitGet(store, joinKey(r), left(deadline), "join"));
+      claims.push_back(waitGetGuarded(store, joinKey(r), left(deadline), "join"));
     } catch (const Error& e) {
+      if (refused_) throw;
       status = e.status();
       if (status != SF_ERR_TIMEOUT) {
         error = "rank 0 could not read rank " + std::to_string(r) + "'s claim from " + where_ +
@@ -202,8 +230,8 @@ void Membership::joinAsRoot(gloo::rendezvous::Store& store) {
 
 void Membership::joinAsPeer(gloo::rendezvous::Store& store) {
   const std::string me = "rank " + std::to_string(opts_.rank);
-  roster_ = waitGet(store, kRosterKey, bounded(opts_.timeout_ms),
-                    me + " did not receive rank 0's roster from " + where_ + " within timeout_ms = " +
+  roster_ = waitGetGuarded(store, kRosterKey, bounded(opts_.timeout_ms),
+                           me + " did not receive rank 0's roster from " + where_ + " within timeout_ms = " +
                         std::to_string(opts_.timeout_ms) + " (is rank 0 running, with the same "
                         "rendezvous?)");
   const std::vector<std::string> l = lines(roster_);
@@ -237,6 +265,10 @@ void Membership::joinAsPeer(gloo::rendezvous::Store& store) {
 
 std::string Membership::recheck(gloo::rendezvous::Store& store) const {
   const std::string me = "rank " + std::to_string(opts_.rank);
+  if (guard_) {
+    const std::string why = guard_->supersededBy();
+    if (!why.empty()) return me + " refused by " + where_ + ": " + why;
+  }
   const std::string now = storeCall(me + " could not re-read its claim", [&] {
     return textOf(store.get(joinKey(opts_.rank)));
   });

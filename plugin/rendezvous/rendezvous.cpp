@@ -23,6 +23,7 @@ void Rendezvous::setHostStore(const sf_store& store, const std::string& prefix) 
          "sf_connect, sf_synchronize, sf_broadcast or sf_check_replicas");
   }
   store_ = std::make_shared<HostStore>(store, prefix, std::chrono::milliseconds(opts_.timeout_ms));
+  base_ = store_;
 }
 
 std::shared_ptr<gloo::rendezvous::Store> Rendezvous::store() {
@@ -33,12 +34,27 @@ std::shared_ptr<gloo::rendezvous::Store> Rendezvous::store() {
     fail(SF_ERR_INVALID_STATE, "rendezvous = 'host://' says that the host hands sfsync its store, "
                                "but sf_set_store was not called before the first collective");
   }
-  if (!store_) store_ = openStore(opts_);
+  if (!store_) base_ = store_ = openStore(opts_);
+  if (!admitted_ && !guard_) {
+    try {
+      const LaunchAttempt attempt = LaunchAttempt::fromEnvironment();
+      if (attempt.scoped()) {
+        const std::chrono::milliseconds timeout(opts_.timeout_ms);
+        const auto run = prefixedStore(attempt.runScope(), store_, timeout);
+        guard_ = std::make_unique<AttemptGuard>(attempt, run);
+        store_ = prefixedStore(attempt.attemptScope(), store_, timeout);
+      }
+    } catch (const Error& e) {
+      joinStatus_ = e.status();
+      joinError_ = e.what();
+      throw;
+    }
+  }
   if (!admitted_ && opts_.world_size > 1 && admission_ == Admission::kCheck) {
-    auto* host = dynamic_cast<HostStore*>(store_.get());
-    membership_ = std::make_unique<Membership>(
-        opts_, host ? "the host's store (keys '" + host->prefix() + "...')"
-                    : "rendezvous '" + std::string(opts_.rendezvous) + "'");
+    auto* host = dynamic_cast<HostStore*>(base_.get());
+    const std::string where = host ? "the host's store (keys '" + host->prefix() + "...')"
+                                   : "rendezvous '" + std::string(opts_.rendezvous) + "'";
+    membership_ = std::make_unique<Membership>(opts_, where, guard_.get());
     try {
       membership_->join(*store_);
     } catch (const Error& e) {

@@ -121,6 +121,12 @@ std::shared_ptr<gloo::rendezvous::Store> openInner(const sf_options& o) {
 
 }  // namespace
 
+std::shared_ptr<gloo::rendezvous::Store> prefixedStore(
+    const std::string& prefix, std::shared_ptr<gloo::rendezvous::Store> inner,
+    std::chrono::milliseconds timeout) {
+  return std::make_shared<OwningPrefixStore>(prefix, std::move(inner), timeout);
+}
+
 std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& o) {
   // One store per rendezvous and rank while anyone holds it: the backends of
   // one context (Gloo for host gradients, NCCL's unique-id exchange for

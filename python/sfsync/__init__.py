@@ -16,13 +16,15 @@ Two layers:
 
 Which library is loaded (``library_path()`` says), in this order:
 
-1. ``SFSYNC_LIBRARY`` (a full path): a development override, e.g. a build tree's
-   ``build/plugin/libsfsync.so.1``;
-2. the library installed with this package: ``cmake --install`` writes
-   ``_install.py`` here with the path of the installed ``libsfsync.so.1``
-   relative to this directory (``<prefix>/lib`` next to
+1. ``SFSYNC_LIBRARY`` (a full path), if set: the development override, to
+   run this package against a build tree's library (``PYTHONPATH=python
+   SFSYNC_LIBRARY=build/plugin/libsfsync.so.1``); nothing else is tried then;
+2. the package's own copy: a ``libsfsync.so.1`` inside this directory (``pip
+   install .`` or a wheel puts it there, with the shim and the NCCL module);
+3. the library installed with this package by ``cmake --install``, which
+   writes ``_install.py`` here with the path of the installed
+   ``libsfsync.so.1`` relative to this directory (``<prefix>/lib`` next to
    ``<prefix>/lib/python3.X/dist-packages/sfsync``);
-3. a ``libsfsync.so.1`` inside this directory (a package that bundles it);
 4. the system loader (``libsfsync.so.1`` on ``LD_LIBRARY_PATH`` / ld.so.conf).
 
 No build tree is ever searched. On load, ``sf_abi_version()`` must equal
@@ -374,14 +376,14 @@ def _candidates():
     """Where to look for the library, in order (see the module docstring)."""
     here = _package_dir()
     found = []
+    bundled = os.path.join(here, "libsfsync.so.1")  # pip install / a wheel
+    if os.path.exists(bundled):
+        found.append(bundled)
     try:
         from sfsync import _install  # written by cmake --install
         found.append(os.path.normpath(os.path.join(here, _install.LIBRARY)))
     except ImportError:
         pass
-    bundled = os.path.join(here, "libsfsync.so.1")
-    if os.path.exists(bundled):
-        found.append(bundled)
     return found + ["libsfsync.so.1"]
 
 
@@ -453,8 +455,9 @@ def load(path=None):
                 tried.append("%s (%s)" % (candidate, e))
         if dll is None:
             how = "SFSYNC_LIBRARY / path" if explicit else "search"
-            raise LibraryLoadError("cannot load libsfsync (%s); tried: %s. Install it (cmake "
-                                   "--install build) or set SFSYNC_LIBRARY to its full path"
+            raise LibraryLoadError("cannot load libsfsync (%s); tried: %s. Install it (pip install "
+                                   "., or cmake --install build) or set SFSYNC_LIBRARY to its "
+                                   "full path"
                                    % (how, "; ".join(tried)))
         try:
             dll.sf_abi_version.restype = ctypes.c_int32

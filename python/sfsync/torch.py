@@ -71,6 +71,8 @@ _DTYPES = {
 }
 
 _contexts = itertools.count()  # the key prefix of each context made here
+# module -> weakref to the open GradientSync attached to it (one at a time).
+_attached = weakref.WeakKeyDictionary()
 
 
 def sf_dtype(dtype):
@@ -332,6 +334,55 @@ def _named_state(module, buffers):
     return named
 
 
+_STATE_FORMAT = 1
+
+
+def _state_dict(sync, kind):
+    """state_dict() of GradientSync and DDPSync (see GradientSync.state_dict)."""
+    if not sync._at_window_boundary():
+        raise RuntimeError("%s.state_dict(): called inside a window (%d backward passes of it "
+                           "done): save at a step, when is_step() is True"
+                           % (kind, sync._passes))
+    return {"format": _STATE_FORMAT, "kind": kind, "windows": sync.windows,
+            "accumulation_steps": sync.accumulation_steps, "verify_every": sync._verify_every,
+            "last_verified": sync._last_verified,
+            "checks": sync._verifier.checks if sync._verifier is not None else 0}
+
+
+def _load_state_dict(sync, kind, state):
+    """load_state_dict() of GradientSync and DDPSync: ValueError naming the
+    key for a state that is not one of ours or does not fit this object."""
+    who = "%s.load_state_dict" % kind
+    if not isinstance(state, dict):
+        raise TypeError("%s: expected the dict state_dict() returned, not %s"
+                        % (who, type(state).__name__))
+    if state.get("format") != _STATE_FORMAT or state.get("kind") not in ("GradientSync",
+                                                                         "DDPSync"):
+        raise ValueError("%s: not an sfsync state (format %r, kind %r; expected format %d)"
+                         % (who, state.get("format"), state.get("kind"), _STATE_FORMAT))
+    for key in ("windows", "last_verified", "checks"):
+        value = state.get(key)
+        if not isinstance(value, int) or value < 0:
+            raise ValueError("%s: state[%r] = %r is not an integer >= 0" % (who, key, value))
+    if state["last_verified"] > state["windows"]:
+        raise ValueError("%s: state['last_verified'] = %d is after state['windows'] = %d"
+                         % (who, state["last_verified"], state["windows"]))
+    if state.get("accumulation_steps") != sync.accumulation_steps:
+        raise ValueError("%s: the state was saved with accumulation_steps=%r, this object has "
+                         "accumulation_steps=%r: a resumed run must count windows the same way"
+                         % (who, state.get("accumulation_steps"), sync.accumulation_steps))
+    if not sync._at_window_boundary():
+        raise RuntimeError("%s: called inside a window (%d backward passes of it done): load "
+                           "before training resumes" % (who, sync._passes))
+    if state.get("verify_every") != sync._verify_every:
+        _log(sfsync.LOG_INFO, "%s: verify_every was %r, is now %r" % (
+            who, state.get("verify_every"), sync._verify_every))
+    sync.windows = state["windows"]
+    sync._last_verified = state["last_verified"]
+    if sync._verifier is not None:
+        sync._verifier.checks = state["checks"]
+
+
 # ---- GradientSync ----------------------------------------------------------------
 
 
@@ -377,10 +428,20 @@ class GradientSync:
                  verify_every=None, verify_buffers=False, store=None, bucket_cap_mb=None,
                  first_bucket_cap_mb=None, connect=True, **options):
         _check_counts("GradientSync", accumulation_steps, verify_every)
+        self.context = None  # (close() needs it, whatever fails below)
+        other = _attached.get(module)
+        other = other() if other is not None else None
+        if other is not None and other.context is not None:
+            raise RuntimeError("GradientSync: this %s is already attached to a GradientSync "
+                               "(rank %s/%s, %d windows so far): a second one would own the "
+                               "same .grad tensors; close() the first one, or keep using it"
+                               % (type(module).__name__, getattr(other, "rank", "?"),
+                                  getattr(other, "world_size", "?"), other.windows))
         self.module = module
         self.params, self.names = self._trainable(module)
         if not self.params:
-            raise ValueError("GradientSync: the module has no parameter that requires grad")
+            raise ValueError("GradientSync: the module has no parameter that requires grad "
+                             "(and has elements)")
         self._signature = self._signature_of(self.params)
         self.flat_buffer = flat_buffer
         self.accumulation_steps = accumulation_steps
@@ -421,6 +482,7 @@ class GradientSync:
                 self._verifier = _Verifier(ctx, _named_state(module, verify_buffers))
             if hooks:
                 self._install_hooks()
+            _attached[module] = weakref.ref(self)
             _log(sfsync.LOG_INFO, "GradientSync: %d parameters (%d bytes), %s, rank %d/%d%s" % (
                 len(self.params), sum(p.numel() * p.element_size() for p in self.params),
                 "accumulation_steps=%d" % accumulation_steps if accumulation_steps
@@ -434,8 +496,11 @@ class GradientSync:
 
     @staticmethod
     def _trainable(module):
+        """The parameters sfsync synchronizes: those that require grad and
+        have elements (a zero-size one, which DDP accepts, has nothing to
+        reduce: autograd gives it its own empty .grad)."""
         names = {id(p): n for n, p in module.named_parameters()}
-        params = [p for p in module.parameters() if p.requires_grad]
+        params = [p for p in module.parameters() if p.requires_grad and p.numel() > 0]
         return params, [names.get(id(p), "param%d" % i) for i, p in enumerate(params)]
 
     @staticmethod
@@ -687,6 +752,26 @@ class GradientSync:
         verifier = self._verifier or _Verifier(self.context, _named_state(self.module, False))
         verifier.check(self.windows)
 
+    def state_dict(self):
+        """What a resumed run needs to continue where this one stopped, as a
+        dict of plain values: the windows synchronized (= optimizer steps,
+        ``windows``), ``accumulation_steps``, the verify_every cadence
+        (``verify_every``, the window of the last replica check
+        ``last_verified``, ``checks``). Save it with the model and optimizer
+        at a step (is_step() True); RuntimeError inside a window."""
+        return _state_dict(self, "GradientSync")
+
+    def load_state_dict(self, state):
+        """Continue from ``state`` (state_dict() of a GradientSync or DDPSync
+        of an earlier run, e.g. before an elastic restart): the window count
+        and the replica checks go on as if uninterrupted. Call it before the
+        first backward pass of the resumed run. ValueError if the state was
+        saved with another accumulation_steps."""
+        _load_state_dict(self, "GradientSync", state)
+
+    def _at_window_boundary(self):
+        return self._window_start()
+
     def stats(self):
         return self.context.stats()
 
@@ -710,6 +795,9 @@ class GradientSync:
                     p.grad = view.clone() if p.grad.shape == p.shape else None
         self._views = []
         self._mask = None
+        mine = _attached.get(self.module)
+        if mine is not None and mine() is self:
+            del _attached[self.module]
         if self._owns_context:
             self.context.close()
         self.context = None
@@ -850,6 +938,18 @@ class DDPSync:
     def verify(self):
         verifier = self._verifier or _Verifier(self.context, _named_state(self.ddp.module, False))
         verifier.check(self.windows)
+
+    def state_dict(self):
+        """As GradientSync.state_dict(): the window count and the
+        verify_every cadence, to save with the model at a step."""
+        return _state_dict(self, "DDPSync")
+
+    def load_state_dict(self, state):
+        """As GradientSync.load_state_dict()."""
+        _load_state_dict(self, "DDPSync", state)
+
+    def _at_window_boundary(self):
+        return self._passes == 0 and not self._pass_started
 
     def close(self):
         """Remove the forward hook and close the context if made here. (DDP

@@ -1,7 +1,12 @@
 """Train the same MLP with sfsync and with PyTorch DDP, side by side, and
 check that they agree.
 
-    build/plugin/tools/sfsync-run -n 2 -- /usr/bin/python3 samples/python/train_ddp_compare.py
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 \
+      build/plugin/tools/sfsync-run -n 2 -- /usr/bin/python3 samples/python/train_ddp_compare.py
+
+(from the root of a checkout built in build/: the package from the source
+tree, the build's library as its development override; with the package
+installed by ``pip install`` or ``cmake --install``, drop both variables.)
 
 Every rank runs W windows of N micro-batches (forward + backward each) on its
 own data, three times over, from the same initial weights:

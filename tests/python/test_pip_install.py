@@ -1,0 +1,178 @@
+"""pip install and the wheel, from a clean copy of the checkout, as a user
+does it (pyproject.toml + setup.py: the CMake build of the libraries inside
+the package), then a torchrun restart run from the installed package:
+
+1. the source tree copied (no build*/, no .git) to a temporary directory;
+2. ``pip install --no-build-isolation --target T COPY``: T/sfsync holds
+   libsfsync.so.1, the shim and the NCCL module (where this build has it);
+   ``PYTHONPATH=T python3 -c "import sfsync; print(sfsync.library_path())"``
+   from / with no SFSYNC_LIBRARY prints T/sfsync/libsfsync.so.1; the shim
+   resolves libsfsync.so.1 next to itself (RUNPATH $ORIGIN);
+3. ``python3 -m build --wheel --no-isolation COPY``: one py3-none-<platform>
+   wheel holding the same libraries;
+4. a fresh ``python3 -m venv --system-site-packages V``; ``pip --python
+   V/bin/python install`` the wheel; the package loads its own library from V;
+5. run_restarts.py with V/bin/python (GradientSync through torchrun's agent
+   store, two SIGKILLs, --max_restarts 2), with no PYTHONPATH and no
+   SFSYNC_LIBRARY: every rank's OK line names V's library;
+6. ``pip --python V/bin/python uninstall -y sfsync`` removes every file of it.
+
+The pip build goes through ccache (setup.py), so a second run of this test
+(or one after a pip build of the same sources anywhere) recompiles nothing.
+
+    test_pip_install.py [--python /usr/bin/python3] [--keep DIR]
+"""
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LIBS = ("libsfsync.so.1", "libsfsync_shim.so", "libsfsync_nccl.so")
+failures = []
+
+
+def check(ok, what):
+    print("%s %s" % ("ok  " if ok else "FAIL", what), flush=True)
+    if not ok:
+        failures.append(what)
+    return ok
+
+
+def clean_env():
+    """The user's environment: none of ctest's development overrides."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "SFSYNC_LIBRARY", "LD_LIBRARY_PATH", "PYTHONHOME")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def run(cmd, cwd=None, timeout=600):
+    start = time.monotonic()
+    print("+ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    print("  (exit %d, %.1f s)" % (r.returncode, time.monotonic() - start), flush=True)
+    if r.returncode != 0:
+        print(r.stdout[-6000:])
+    return r
+
+
+def library_path(python, pythonpath=None):
+    env = clean_env()
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    r = subprocess.run([python, "-c", "import sfsync; print(sfsync.library_path())"], cwd="/",
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return r.stdout.strip() if r.returncode == 0 else "ERROR: " + r.stdout[-2000:]
+
+
+def copy_checkout(dest):
+    def ignore(directory, names):
+        top = os.path.abspath(directory) == ROOT
+        return [n for n in names if n in ("__pycache__", ".git") or
+                (top and (n.startswith("build") or n == "target"))]
+    shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--keep", help="work in DIR and keep it (default: a temporary directory)")
+    args = p.parse_args()
+    work = args.keep or tempfile.mkdtemp(prefix="sfsync-pip-")
+    os.makedirs(work, exist_ok=True)
+    try:
+        return body(args.python, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def body(python, work):
+    src, target = os.path.join(work, "src"), os.path.join(work, "target")
+    dist, venv = os.path.join(work, "dist"), os.path.join(work, "venv")
+    for d in (src, target, dist, venv):
+        shutil.rmtree(d, ignore_errors=True)
+    copy_checkout(src)
+
+    # 2. pip install --target
+    r = run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
+             "--target", target, src])
+    if not check(r.returncode == 0, "pip install --no-build-isolation --target DIR ."):
+        return 1
+    built = [n for n in LIBS if os.path.exists(os.path.join(target, "sfsync", n))]
+    check(built[:2] == list(LIBS[:2]), "DIR/sfsync holds %s (expected at least %s)"
+          % (built, list(LIBS[:2])))
+    path = library_path(python, target)
+    check(path == os.path.join(target, "sfsync", "libsfsync.so.1"),
+          "PYTHONPATH=DIR: sfsync.library_path() = %s, inside DIR" % path)
+    ldd = subprocess.run(["ldd", os.path.join(target, "sfsync", "libsfsync_shim.so")],
+                         stdout=subprocess.PIPE, text=True).stdout
+    m = re.search(r"libsfsync\.so\.1 => (\S+)", ldd)
+    check(m is not None and m.group(1) == os.path.join(target, "sfsync", "libsfsync.so.1"),
+          "the shim resolves libsfsync.so.1 next to itself (%s)" % (m.group(1) if m else ldd))
+
+    # 3. the wheel
+    r = run([python, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist, src])
+    wheels = glob.glob(os.path.join(dist, "sfsync-*.whl"))
+    if not check(r.returncode == 0 and len(wheels) == 1,
+                 "python3 -m build --wheel --no-isolation: %s" % wheels):
+        return 1
+    wheel = wheels[0]
+    check(re.search(r"-py3-none-linux_\w+\.whl$", wheel) is not None,
+          "a py3-none-<platform> wheel: %s" % os.path.basename(wheel))
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    check(all("sfsync/" + n in names for n in built), "the wheel holds %s" % built)
+
+    # 4. a fresh venv
+    # (--without-pip: ensurepip would take ~10 s; this pip installs into the
+    # venv's interpreter with --python.)
+    r = run([python, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    vpy = os.path.join(venv, "bin", "python")
+    vpip = [python, "-m", "pip", "--python", vpy]
+    if not check(r.returncode == 0, "python3 -m venv --system-site-packages"):
+        return 1
+    r = run(vpip + ["install", "--no-deps", "--no-index", wheel])
+    check(r.returncode == 0, "the wheel installs into the venv")
+    path = library_path(vpy)
+    check(path.startswith(venv + "/") and path.endswith("/sfsync/libsfsync.so.1"),
+          "venv: sfsync.library_path() = %s, inside the venv" % path)
+
+    # 5. torchrun from the installed package
+    r = run([vpy, os.path.join(HERE, "run_restarts.py"), "--python", vpy, "--", "--variant",
+             "gradsync"], timeout=200)
+    oks = re.findall(r"\[rank \d\] OK .* library (\S+)", r.stdout)
+    check(r.returncode == 0 and len(oks) == 2 and all(o == path for o in oks),
+          "torchrun --max_restarts 2 from the venv's package: exit %d, OK lines naming %s"
+          % (r.returncode, oks))
+    if r.returncode != 0 or len(oks) != 2:
+        print(r.stdout[-8000:])
+
+    # 6. pip uninstall
+    site = os.path.dirname(os.path.dirname(path))
+    r = run(vpip + ["uninstall", "-y", "sfsync"])
+    left = glob.glob(os.path.join(site, "sfsync*"))
+    check(r.returncode == 0 and not left,
+          "pip uninstall sfsync leaves nothing of it in %s (left: %s)" % (site, left))
+    after = library_path(vpy)
+    check(not after.startswith(venv + "/"), "after uninstall, the venv does not load %s" % path)
+
+    if failures:
+        print("FAILED: %d check(s): %s" % (len(failures), "; ".join(failures)))
+        return 1
+    print("PASSED: pip --target, wheel into a venv, torchrun restarts from it, uninstall")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
