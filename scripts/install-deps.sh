@@ -16,6 +16,8 @@ packages=(
   iproute2                            # simulated hosts (scripts/cluster.sh: ip netns, tc tbf)
   python3-matplotlib                  # benchmark and trace plots (bench/, scripts/)
   clang-14 libclang-rt-14-dev         # libFuzzer targets (tests/fuzz: ctest -L fuzz)
+  openmpi-bin                         # mpirun for the launcher tests (mpi:// loads libmpi.so.40)
+  slurm-wlm munge                     # a single-node Slurm for the launcher tests (srun -n 2)
 )
 
 missing=()

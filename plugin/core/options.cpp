@@ -137,6 +137,16 @@ struct EnvReader {
   }
 };
 
+// "host:port" (or "[v6]:port") with a port in [1, 65535].
+bool tcpAddress(const char* rest) {
+  const char* colon = std::strrchr(rest, ':');
+  if (!colon || colon == rest) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long port = std::strtol(colon + 1, &end, 10);
+  return end != colon + 1 && *end == 0 && errno == 0 && port >= 1 && port <= 65535;
+}
+
 bool knownRendezvous(const char* url) {
   static const char* const kForms[] = {"env://", "file://", "redis://", "memory://", "host://",
                                        "tcp://", "mpi://"};
@@ -145,7 +155,8 @@ bool knownRendezvous(const char* url) {
     const bool bare = std::strcmp(form, "env://") == 0 || std::strcmp(form, "host://") == 0 ||
                       std::strcmp(form, "mpi://") == 0;
     if (std::strncmp(url, form, n) == 0 && (url[n] != 0 || bare)) {
-      return true;
+      if (std::strcmp(form, "mpi://") == 0) return url[n] == 0;
+      return std::strcmp(form, "tcp://") != 0 || tcpAddress(url + n);
     }
   }
   return false;

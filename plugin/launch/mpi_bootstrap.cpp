@@ -73,14 +73,15 @@ std::vector<std::string> candidates(const std::string& launcher) {
 Mpi* loadMpi(const std::string& launcher, std::string& why) {
   static std::mutex m;
   static Mpi loaded;
-  static std::string failure;
   std::lock_guard<std::mutex> lock(m);
-  if (loaded.lib) return &loaded;
+  // SF_MPI_LIBRARY is read on every call: a library loaded before does not
+  // override a later "none" or another name.
   const char* setting = std::getenv("SF_MPI_LIBRARY");
   if (setting && std::strcmp(setting, "none") == 0) {
     why = "SF_MPI_LIBRARY=none";
     return nullptr;
   }
+  if (loaded.lib && (!setting || !*setting || loaded.name == setting)) return &loaded;
   std::string tried;
   for (const auto& name : candidates(launcher)) {
     void* lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
