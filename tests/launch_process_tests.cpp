@@ -144,6 +144,23 @@ BOOST_AUTO_TEST_CASE(mpirun_with_master_addr_from_the_issue_is_world_2) {
   sameResults(got.output, want.output, 2);
 }
 
+BOOST_AUTO_TEST_CASE(mpirun_rank_that_never_comes_is_a_timeout_not_a_hang) {
+  // Rank 1 never reaches sfsync: rank 0 waits inside MPI_Init_thread (which
+  // has no timeout). It must fail with SF_ERR_TIMEOUT after timeout_ms and
+  // exit (sf_destroy must not wait for MPI), and mpirun then ends the job,
+  // long before rank 1's sleep (100 s) or this test's bound (50 s).
+  const std::string script = std::string("if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then exec ") + SF_TRAINER +
+                             " --quiet; else exec sleep 100; fi";
+  const ProcessResult res =
+      runProcess(mpirun(2, {"sh", "-c", script}), cleanEnv({{"SF_TIMEOUT_MS", "1000"}}), 50);
+  BOOST_TEST(!res.timedOut, res.output);
+  BOOST_TEST(res.exitCode != 0, res.output);
+  BOOST_TEST(res.output.find("rendezvous mpi://: MPI_Init_thread and rank 0's address broadcast did not "
+                             "complete within 1000 ms") != std::string::npos,
+             res.output);
+  BOOST_TEST(res.output.find("world=1") == std::string::npos, res.output);
+}
+
 BOOST_AUTO_TEST_CASE(srun_variables_meet_at_the_first_host_world_2) {
   // The variables srun sets for `srun -n 2` on one node, no MASTER_*: the
   // ranks meet at localhost (SLURM_JOB_NODELIST) on a port from the job id.

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -204,15 +205,52 @@ std::string mpiProbe(const std::string& launcher) {
 }
 
 MeetingAddress mpiBootstrap(int rank, int worldSize, std::chrono::milliseconds timeout) {
-  static std::mutex m;
-  static bool done = false;
-  static MeetingAddress result;
-  std::lock_guard<std::mutex> lock(m);
-  if (!done) {
-    result = bootstrapOnce(rank, worldSize, timeout);
-    done = true;
+  // MPI_Init_thread has no timeout (Open MPI waits in it for every rank), so
+  // the bootstrap runs on a thread of its own and callers wait for it until
+  // their deadline: a rank that never comes is SF_ERR_TIMEOUT on time, and
+  // sf_destroy does not wait for MPI. Leaked on purpose: the thread may
+  // still be inside MPI at exit.
+  struct State {
+    std::mutex m;
+    std::condition_variable cv;
+    bool started = false, done = false;
+    MeetingAddress result;
+    sf_status status = SF_OK;
+    std::string error;
+  };
+  static State* s = new State;
+  const Deadline deadline(timeout);
+  std::unique_lock<std::mutex> lock(s->m);
+  if (!s->started) {
+    s->started = true;
+    std::thread([rank, worldSize, timeout] {
+      MeetingAddress a;
+      sf_status status = SF_OK;
+      std::string error;
+      try {
+        a = bootstrapOnce(rank, worldSize, timeout);
+      } catch (const Error& e) {
+        status = e.status();
+        error = e.what();
+      } catch (const std::exception& e) {
+        status = SF_ERR_BACKEND;
+        error = std::string("rendezvous mpi://: ") + e.what();
+      }
+      std::lock_guard<std::mutex> done(s->m);
+      s->result = a;
+      s->status = status;
+      s->error = error;
+      s->done = true;
+      s->cv.notify_all();
+    }).detach();
   }
-  return result;
+  if (!s->cv.wait_until(lock, deadline.at(), [] { return s->done; })) {
+    fail(SF_ERR_TIMEOUT, "rendezvous mpi://: MPI_Init_thread and rank 0's address broadcast did not "
+                         "complete within " + std::to_string(timeout.count()) +
+                         " ms (did every rank start, and reach sf_connect or its first synchronization?)");
+  }
+  if (s->status != SF_OK) fail(s->status, s->error);
+  return s->result;
 }
 
 }  // namespace sfsync

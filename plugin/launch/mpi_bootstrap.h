@@ -27,9 +27,11 @@ struct MeetingAddress {
   int port = 0;
 };
 
-// Collective over MPI_COMM_WORLD, once per process (later calls return the
-// first result): MPI_Init_thread unless MPI is initialized already (then
-// MPI_Finalize at exit, after a successful bootstrap), checks that MPI's
+// Collective over MPI_COMM_WORLD, once per process, on a thread of its own
+// that the caller waits for at most `timeout` (MPI_Init_thread has no
+// timeout; later calls return the first result or keep waiting for it):
+// MPI_Init_thread unless MPI is initialized already (then MPI_Finalize at
+// exit, after a successful bootstrap), checks that MPI's
 // rank is `rank`, and broadcasts rank 0's address with MPI_Ibcast, polled
 // until `timeout`. Rank 0 offers 127.0.0.1 when the launcher says every rank
 // is on this machine (OMPI_COMM_WORLD_LOCAL_SIZE or MPI_LOCALNRANKS equal

@@ -18,9 +18,18 @@ done
 
 dir=$(mktemp -d /tmp/sfsync-slurm-XXXXXX)
 pids=()
+# Stops the daemons in reverse order (munged last: slurmstepd still needs it
+# to report its step), each with SIGTERM, then SIGKILL after 5 s.
+stop() {
+  kill "$1" 2>/dev/null || return 0
+  for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null
+  wait "$1" 2>/dev/null
+}
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  # Let the last step finish reporting before the daemons go (bounded: 10 s).
+  for _ in $(seq 100); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.1; done
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do stop "${pids[i]}"; done
   [ -n "${SF_KEEP_SLURM_DIR:-}" ] || rm -rf "$dir"
 }
 trap cleanup EXIT
