@@ -208,7 +208,8 @@ BOOST_AUTO_TEST_CASE(nodelist_expansion) {
              boost::test_tools::per_element());
   BOOST_TEST(expandNodelist("10.0.0.1,localhost") == V({"10.0.0.1", "localhost"}),
              boost::test_tools::per_element());
-  BOOST_TEST(expandNodelist("n[0-999999]").size() == 1000000u);
+  BOOST_TEST(expandNodelist("n[0-99999]").size() == 100000u);
+  BOOST_TEST(firstNodelistHost("n[0-999999]") == "n0");  // the largest range, not expanded
   BOOST_TEST(firstNodelistHost("big[5-999999],x") == "big5");
   BOOST_TEST(firstNodelistHost("x[1-2]y[3-4],z") == "x1y3");
 }
@@ -222,7 +223,7 @@ BOOST_AUTO_TEST_CASE(malformed_nodelists_name_the_list) {
   }
   BOOST_TEST(contains(nodelistError("a[4-2]"), "range 4-2 is descending"));
   BOOST_TEST(contains(nodelistError("n[0-1000000]"), "past 1000000 hosts"));
-  BOOST_TEST(contains(nodelistError("a[0-999],b[0-999]x[0-999]"), "past 1000000 hosts"));
+  BOOST_TEST(contains(nodelistError("a[0-999],b[0-999]x[0-1000]"), "past 1000000 hosts"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

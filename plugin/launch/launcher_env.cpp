@@ -123,9 +123,11 @@ std::string slurmMeeting(const EnvLookup& env, LauncherEnv& out, std::string& wh
   return "tcp://" + host + ":" + std::to_string(port);
 }
 
-// The bracket group "[01-04,07]" (without brackets) as its values.
-std::vector<std::string> expandRange(const std::string& list, const std::string& inner) {
-  std::vector<std::string> values;
+// The bracket group "[01-04,07]" (without brackets) as its values: at most
+// `limit` of them in `values`, all of them counted in the return value.
+size_t expandRange(const std::string& list, const std::string& inner, size_t limit,
+                   std::vector<std::string>& values) {
+  size_t count = 0;
   size_t start = 0;
   for (;;) {
     const size_t comma = inner.find(',', start);
@@ -144,11 +146,12 @@ std::vector<std::string> expandRange(const std::string& list, const std::string&
     if (b < a) {
       fail(SF_ERR_INVALID_ARGUMENT, "node list '" + list + "': range " + part + " is descending");
     }
-    if (b - a >= 1000000 || values.size() + size_t(b - a) >= 1000000) {
+    if (b - a >= 1000000 || count + size_t(b - a) >= 1000000) {
       fail(SF_ERR_INVALID_ARGUMENT, "node list '" + list + "' expands past 1000000 hosts");
     }
     const size_t width = lo.size();  // "01-10": zero padding to lo's width
-    for (long x = a; x <= b; ++x) {
+    count += size_t(b - a + 1);
+    for (long x = a; x <= b && values.size() < limit; ++x) {
       std::string s = std::to_string(x);
       if (s.size() < width) s.insert(0, width - s.size(), '0');
       values.push_back(s);
@@ -156,7 +159,7 @@ std::vector<std::string> expandRange(const std::string& list, const std::string&
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  return values;
+  return count;
 }
 
 // One host pattern (no top-level comma): the product of its bracket groups.
@@ -176,8 +179,9 @@ void expandItem(const std::string& list, const std::string& item, std::vector<st
     if (close == std::string::npos || item.find('[', open + 1) < close) {
       fail(SF_ERR_INVALID_ARGUMENT, "node list '" + list + "': unbalanced '[' in '" + item + "'");
     }
-    const auto values = expandRange(list, item.substr(open + 1, close - open - 1));
-    if (hosts.size() * values.size() > 1000000) {
+    std::vector<std::string> values;
+    const size_t count = expandRange(list, item.substr(open + 1, close - open - 1), limit, values);
+    if (hosts.size() * count > 1000000) {
       fail(SF_ERR_INVALID_ARGUMENT, "node list '" + list + "' expands past 1000000 hosts");
     }
     std::vector<std::string> next;
