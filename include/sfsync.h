@@ -109,9 +109,14 @@ typedef int32_t sf_backend;
  */
 typedef struct sf_options {
   uint64_t struct_size;     /* sizeof(sf_options) as the caller knows it */
-  int32_t rank;             /* this process's rank; env RANK (default 0) */
-  int32_t world_size;       /* number of ranks; env WORLD_SIZE (default 1) */
-  int32_t local_rank;       /* rank on this machine (GPU local_rank % visible GPUs); env LOCAL_RANK (default 0) */
+  int32_t rank;             /* this process's rank; env RANK (default 0), or (since 0.3) the
+                               launcher's: SF_RANK > RANK > OMPI_COMM_WORLD_RANK > PMI_RANK >
+                               SLURM_PROCID (README "Launchers") */
+  int32_t world_size;       /* number of ranks; env WORLD_SIZE (default 1), or the launcher's:
+                               SF_WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS */
+  int32_t local_rank;       /* rank on this machine (GPU local_rank % visible GPUs); env LOCAL_RANK (default 0), or
+                               SF_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
+                               SLURM_LOCALID */
   sf_backend backend;       /* env SF_BACKEND = auto|gloo|nccl (default auto) */
   sf_reduce_op reduce_op;   /* env SF_REDUCE = average|sum|prescaled_sum (default average) */
   int32_t reserved0;        /* must be 0 */
@@ -126,8 +131,16 @@ typedef struct sf_options {
                                "forever") are clamped to 2^40 ms by sf_options_init and
                                sf_create (since 0.2; sf_get_options shows the clamped value). */
   /** Where ranks meet; env SF_RENDEZVOUS, else "env://" when MASTER_ADDR is
-   *  set, else "" (only valid for world_size 1). Forms:
+   *  set, else (since 0.3, world_size > 1) the launcher's meeting point:
+   *  "mpi://" under mpirun/mpiexec, "tcp://FIRST_HOST:PORT" under srun;
+   *  else "" (only valid for world_size 1: sf_create then fails naming the
+   *  launcher's variables). Forms:
    *    "env://"            a TCP store served by rank 0 on MASTER_ADDR:MASTER_PORT
+   *    "tcp://host:port"   the same store at host:port (since 0.3)
+   *    "mpi://"            the same store, rank 0's host and a free port
+   *                        broadcast through MPI (libmpi loaded with dlopen
+   *                        at the first connect; MPI_Init_thread unless MPI is
+   *                        initialized; SF_MPI_LIBRARY; since 0.3)
    *    "file:///dir"       one file per key in a fresh directory (one per job)
    *    "redis://host:port[/prefix]"  a Redis server (one prefix per job)
    *    "memory://name"     an in-process store: ranks are threads of one process
@@ -166,7 +179,12 @@ typedef struct sf_options {
 /**
  * Fill `opts` with the defaults, then apply the SF_* and torchrun
  * environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
- * MASTER_PORT). Writes min(struct_size, sizeof(sf_options)) bytes.
+ * MASTER_PORT). Since 0.3 also the other launchers' (SF_RANK..., Open MPI,
+ * MPICH/Intel MPI's PMI, Slurm: the first group set wins, README
+ * "Launchers") and their meeting point (rendezvous). A group with only its
+ * rank or only its size, a non-number, or a rank not below the size is
+ * SF_ERR_INVALID_ARGUMENT naming the variables and values.
+ * Writes min(struct_size, sizeof(sf_options)) bytes.
  * @param struct_size the caller's sizeof(sf_options); smaller than the
  *        version-1 size is SF_ERR_INVALID_ARGUMENT.
  * @return SF_ERR_INVALID_ARGUMENT for a NULL `opts` or an environment
@@ -204,7 +222,9 @@ SF_API void sf_destroy(sf_context* ctx);
  * The process-wide default context, created from the environment on first
  * use (thread-safe). It succeeds without RANK/WORLD_SIZE (then world size 1)
  * and connects to peers only when first asked to synchronize gradients of its
- * own. Owned by the library; lives until exit.
+ * own. Owned by the library; lives until exit. Since 0.3 a launcher that says
+ * the world is larger than one, with no meeting point, is
+ * SF_ERR_INVALID_ARGUMENT naming its variables (never a world of one).
  */
 SF_API sf_status sf_default_context(sf_context** out);
 

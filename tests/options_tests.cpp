@@ -128,6 +128,15 @@ BOOST_AUTO_TEST_CASE(invalid_fields_are_named_with_their_value) {
   o = clean();
   std::strcpy(o.rendezvous, "tcp://1.2.3.4");
   BOOST_TEST(errorOf(o).find("'tcp://1.2.3.4'") != std::string::npos);
+  for (const char* bad : {"tcp://:29500", "tcp://h:0", "tcp://h:65536", "tcp://h:x", "mpi://x"}) {
+    std::strcpy(o.rendezvous, bad);
+    BOOST_TEST(errorOf(o).find(std::string("'") + bad + "'") != std::string::npos, bad);
+  }
+  o.world_size = 2;
+  for (const char* good : {"tcp://node07:22423", "tcp://[::1]:1", "mpi://"}) {  // since 0.3
+    std::strcpy(o.rendezvous, good);
+    BOOST_TEST(errorOf(o).empty(), good);
+  }
   o = clean();
   o.backend = 9;
   BOOST_TEST(errorOf(o).find("backend = 9") != std::string::npos);

@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "plugin/core/error.h"
+#include "plugin/launch/launcher_env.h"
+#include "plugin/launch/mpi_bootstrap.h"
 
 namespace sfsync {
 
@@ -135,13 +137,26 @@ struct EnvReader {
   }
 };
 
+// "host:port" (or "[v6]:port") with a port in [1, 65535].
+bool tcpAddress(const char* rest) {
+  const char* colon = std::strrchr(rest, ':');
+  if (!colon || colon == rest) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long port = std::strtol(colon + 1, &end, 10);
+  return end != colon + 1 && *end == 0 && errno == 0 && port >= 1 && port <= 65535;
+}
+
 bool knownRendezvous(const char* url) {
-  static const char* const kForms[] = {"env://", "file://", "redis://", "memory://", "host://"};
+  static const char* const kForms[] = {"env://", "file://", "redis://", "memory://", "host://",
+                                       "tcp://", "mpi://"};
   for (const char* form : kForms) {
     const size_t n = std::strlen(form);
-    const bool bare = std::strcmp(form, "env://") == 0 || std::strcmp(form, "host://") == 0;
+    const bool bare = std::strcmp(form, "env://") == 0 || std::strcmp(form, "host://") == 0 ||
+                      std::strcmp(form, "mpi://") == 0;
     if (std::strncmp(url, form, n) == 0 && (url[n] != 0 || bare)) {
-      return true;
+      if (std::strcmp(form, "mpi://") == 0) return url[n] == 0;
+      return std::strcmp(form, "tcp://") != 0 || tcpAddress(url + n);
     }
   }
   return false;
@@ -149,12 +164,21 @@ bool knownRendezvous(const char* url) {
 
 }  // namespace
 
+LauncherEnv launcherFromEnvironment() {
+  return discoverLauncher([](const char* name) { return std::getenv(name); }, mpiProbe);
+}
+
 void optionsFromEnvironment(sf_options& o) {
   setDefaults(o);
   EnvReader env;
-  env.readInt("RANK", o.rank, 0, 1 << 30);
-  env.readInt("WORLD_SIZE", o.world_size, 1, 1 << 30);
-  env.readInt("LOCAL_RANK", o.local_rank, 0, 1 << 30);
+  const LauncherEnv launch = launcherFromEnvironment();
+  if (!launch.error.empty()) {
+    env.firstError = launch.error;
+  } else {
+    o.rank = launch.rank;
+    o.world_size = launch.worldSize;
+    o.local_rank = launch.localRank;
+  }
   static const char* const kBackends[] = {"auto", "gloo", "nccl"};
   env.readChoice("SF_BACKEND", o.backend, kBackends, 3);
   static const char* const kReduce[] = {"average", "sum", "prescaled_sum"};
@@ -169,8 +193,7 @@ void optionsFromEnvironment(sf_options& o) {
   env.readChoice("SF_WIRE_DTYPE", wire, kWire, 3);
   if (wire == 1) o.wire_dtype = SF_DTYPE_BFLOAT16;
   if (wire == 2) o.wire_dtype = SF_DTYPE_FLOAT16;
-  const char* rdv = env.get("SF_RENDEZVOUS");
-  if (!rdv && env.get("MASTER_ADDR")) rdv = "env://";
+  const char* rdv = launch.rendezvous.empty() ? nullptr : launch.rendezvous.c_str();
   if (rdv) {
     if (std::strlen(rdv) >= SF_RENDEZVOUS_MAX) {
       env.bad("SF_RENDEZVOUS", rdv, "shorter than 256 bytes");
@@ -240,7 +263,8 @@ void validateOptions(const sf_options& o) {
     s << "opts->rendezvous is not NUL-terminated within " << SF_RENDEZVOUS_MAX << " bytes";
   } else if (o.rendezvous[0] != 0 && !knownRendezvous(o.rendezvous)) {
     s << "opts->rendezvous = '" << o.rendezvous
-      << "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name, host://";
+      << "' is not one of env://, tcp://host:port, mpi://, file:///dir, redis://host:port[/prefix], "
+         "memory://name, host://";
   } else if (o.max_inflight < 1 || o.max_inflight > kMaxInflightLimit) {
     s << "opts->max_inflight = " << o.max_inflight << " is outside [1, " << kMaxInflightLimit << "]";
   } else if (o.wire_dtype != SF_DTYPE_FLOAT32 && o.wire_dtype != SF_DTYPE_BFLOAT16 &&
@@ -248,8 +272,14 @@ void validateOptions(const sf_options& o) {
     s << "opts->wire_dtype = " << o.wire_dtype
       << " is not SF_DTYPE_FLOAT32 (native), SF_DTYPE_BFLOAT16 or SF_DTYPE_FLOAT16";
   } else if (o.world_size > 1 && o.rendezvous[0] == 0) {
-    s << "opts->rendezvous is empty but world_size = " << o.world_size
-      << " (set SF_RENDEZVOUS, or MASTER_ADDR/MASTER_PORT for env://)";
+    // Name the launcher's variables when they are where world_size came from.
+    const LauncherEnv launch = launcherFromEnvironment();
+    s << "opts->rendezvous is empty but world_size = " << o.world_size;
+    if (!launch.unmet.empty() && launch.worldSize == o.world_size) {
+      s << ": " << launch.unmet;
+    } else {
+      s << " (set SF_RENDEZVOUS, or MASTER_ADDR/MASTER_PORT for env://)";
+    }
   } else {
     validateCap(o.bucket_cap_mb, "opts->bucket_cap_mb");
     validateCap(o.first_bucket_cap_mb, "opts->first_bucket_cap_mb");

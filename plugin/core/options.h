@@ -1,12 +1,14 @@
 #pragma once
-// The context options: defaults, the SF_* and torchrun environment, and the
-// validation every entry point shares. Owns no state.
+// The context options: defaults, the SF_* environment, the launchers' rank
+// variables and meeting point (launch/launcher_env.h), and the validation
+// every entry point shares. Owns no state.
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "plugin/core/deadline.h"
+#include "plugin/launch/launcher_env.h"
 #include "sfsync.h"
 
 namespace sfsync {
@@ -23,6 +25,10 @@ constexpr double kDefaultFirstBucketCapMb = 1.0;
 constexpr int64_t kDefaultTimeoutMs = 300000;
 constexpr int32_t kDefaultMaxInflight = 4;
 constexpr int32_t kMaxInflightLimit = 16;
+
+// What the launchers' variables of this process say (discoverLauncher over
+// getenv, with the real MPI probe).
+LauncherEnv launcherFromEnvironment();
 
 // Fills `opts` (full size) with defaults, then the environment. Throws
 // sfsync::Error naming the first variable that does not parse, after applying

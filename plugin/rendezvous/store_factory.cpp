@@ -12,6 +12,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 
 #include "plugin/core/error.h"
+#include "plugin/launch/meeting_point.h"
 #include "plugin/rendezvous/file_store.h"
 #include "plugin/rendezvous/memory_store.h"
 #include "plugin/rendezvous/redis_store.h"
@@ -60,23 +61,6 @@ void makeDirectories(const std::string& path) {
   }
 }
 
-int masterPort() {
-  const char* p = std::getenv("MASTER_PORT");
-  if (!p || !*p) return 29500;  // torchrun's default
-  char* end = nullptr;
-  long port = std::strtol(p, &end, 10);
-  if (*end || port <= 0 || port > 65535) {
-    fail(SF_ERR_INVALID_ARGUMENT,
-         std::string("environment variable MASTER_PORT='") + p + "' is not a port in [1, 65535]");
-  }
-  return int(port);
-}
-
-std::string masterAddr() {
-  const char* a = std::getenv("MASTER_ADDR");
-  return (a && *a) ? a : "127.0.0.1";
-}
-
 }  // namespace
 
 namespace {
@@ -93,9 +77,9 @@ std::shared_ptr<gloo::rendezvous::Store> openInner(const sf_options& o) {
     const std::string path = url.substr(7);
     makeDirectories(path);
     inner = std::make_shared<FileStore>(path, timeout);
-  } else if (url == "env://") {
-    inner = std::make_shared<TcpStore>(masterAddr(), masterPort(), o.rank == 0, timeout, o.rank,
-                                       o.world_size);
+  } else if (isTcpRendezvous(url)) {  // env://, tcp://host:port, mpi://
+    const MeetingAddress at = meetingAddress(o);
+    inner = std::make_shared<TcpStore>(at.host, at.port, o.rank == 0, timeout, o.rank, o.world_size);
   } else if (startsWith(url, "redis://")) {
     std::string rest = url.substr(8), prefix = "sfsync";
     size_t slash = rest.find('/');
@@ -114,7 +98,8 @@ std::shared_ptr<gloo::rendezvous::Store> openInner(const sf_options& o) {
   } else {
     fail(SF_ERR_INVALID_ARGUMENT,
          "rendezvous = '" + url +
-             "' is not one of env://, file:///dir, redis://host:port[/prefix], memory://name");
+             "' is not one of env://, tcp://host:port, mpi://, file:///dir, redis://host:port[/prefix], "
+             "memory://name");
   }
   return std::make_shared<OwningPrefixStore>("sfsync", inner, timeout);
 }
@@ -133,7 +118,10 @@ std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& o) {
   // device gradients) meet through the same store, and rank 0 can serve
   // env:// only once on MASTER_ADDR:MASTER_PORT.
   std::string key = std::string(o.rendezvous) + "#" + std::to_string(o.rank);
-  if (key.compare(0, 6, "env://") == 0) key += "@" + masterAddr() + ":" + std::to_string(masterPort());
+  if (isTcpRendezvous(o.rendezvous)) {
+    const MeetingAddress at = meetingAddress(o);
+    key += "@" + at.host + ":" + std::to_string(at.port);
+  }
   // One lock per entry, held while the store opens: a client rank may wait
   // there for a server that another thread (rank 0) is about to start, so
   // entries must not block each other.
@@ -165,8 +153,8 @@ std::string localHostname(const sf_options& o) {
   }
   const std::string url = o.rendezvous;
   if (startsWith(url, "memory://")) return "127.0.0.1";
-  if (url == "env://") {
-    const std::string m = masterAddr();
+  if (isTcpRendezvous(url)) {
+    const std::string m = meetingAddress(o).host;
     if (m == "localhost" || startsWith(m, "127.") || m == "::1") return "127.0.0.1";
   }
   char name[256] = {0};

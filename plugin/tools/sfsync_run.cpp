@@ -10,6 +10,13 @@
 // only these ranks. When a rank exits
 // with a non-zero status or a signal, the others get SIGTERM (SIGKILL after a
 // grace period) and sfsync-run exits with that first status (128 + signal).
+//
+//   sfsync-run --discover          (alone, or under mpirun / srun / sfsync-run)
+//
+// prints what sfsync discovers in this process's environment, by the
+// library's own rules (plugin/launch/launcher_env.h): launcher, rank, world,
+// local rank and meeting point, or the error sf_options_init / sf_create
+// would give; exit status 0, or 2 for an error.
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -31,6 +38,8 @@
 
 #include <cxxopts.hpp>
 
+#include "plugin/launch/launcher_env.h"
+#include "plugin/launch/mpi_bootstrap.h"
 #include "plugin/tools/free_port.h"
 
 namespace {
@@ -94,6 +103,22 @@ void emit(Stream& s, bool prefix, bool flushPartial) {
   std::fflush(s.out);
 }
 
+// --discover: one line, as launch.describe() in Python prints it.
+int printDiscovery() {
+  const sfsync::LauncherEnv l =
+      sfsync::discoverLauncher([](const char* name) { return std::getenv(name); }, sfsync::mpiProbe);
+  std::printf("sfsync-run: launcher=%s rank=%d world=%d local_rank=%d", l.launcher.c_str(), l.rank,
+              l.worldSize, l.localRank);
+  const std::string& error = l.error.empty() ? l.unmet : l.error;
+  if (!error.empty()) {
+    std::printf(" ERROR: %s\n", error.c_str());
+    return 2;
+  }
+  std::printf(" rendezvous=%s (%s)\n", l.rendezvous.empty() ? "none" : l.rendezvous.c_str(),
+              l.meeting.empty() ? "a world of one meets nobody" : l.meeting.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,6 +132,7 @@ int main(int argc, char** argv) {
       ("master-port", "MASTER_PORT (default: a free port)", cxxopts::value<int>())
       ("grace", "seconds between SIGTERM and SIGKILL for the other ranks after a failure", cxxopts::value<double>()->default_value("5"))
       ("no-prefix", "do not prefix output lines with the rank")
+      ("discover", "print the launcher, rank, world, local rank and meeting point sfsync finds in this environment, and exit")
       ("h,help", "print this help");
   // The command after "--" is taken verbatim (cxxopts would split its
   // arguments at commas); only what comes before it is parsed.
@@ -130,6 +156,7 @@ int main(int argc, char** argv) {
     std::cout << options.help() << std::endl;
     return 0;
   }
+  if (args.count("discover")) return printDiscovery();
   if (command.empty()) command = args.unmatched();  // "sfsync-run -n 2 cmd" without "--"
   if (!args.count("n") || command.empty()) {
     std::cerr << "sfsync-run: -n N and a command are required\n" << options.help() << std::endl;
