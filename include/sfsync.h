@@ -664,8 +664,12 @@ SF_API sf_status sf_check_replicas(sf_context* ctx, uint64_t digest);
  * bucket's first use; the next reduction of a bucket (sf_grad_ready,
  * sf_synchronize_start, sf_synchronize) first completes that bucket's
  * gather. Sharded buckets travel in their own dtype (wire_dtype does not
- * apply). Backends: Gloo (host buckets) and world size 1; CUDA buckets of a
- * sharded context are SF_ERR_UNSUPPORTED at their first reduction for now.
+ * apply). Backends: Gloo for host buckets (a ring over unbound buffers;
+ * gathers on a worker of their own), NCCL for CUDA buckets
+ * (ncclReduceScatter / ncclAllGather on the plugin's stream, one order with
+ * the reductions: a CUDA bucket's gather may start only once every bucket's
+ * reduction of the window has started, else SF_ERR_INVALID_STATE), the
+ * identity at world size 1.
  */
 typedef int32_t sf_shard_layout;
 #define SF_SHARD_NONE 0      /* every rank receives every reduced gradient (all-reduce): as 0.2 */
