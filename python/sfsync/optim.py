@@ -325,6 +325,11 @@ class SyncOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         sync = self._sync
+        if self._sharded and self._phase == "idle":
+            raise RuntimeError("sfsync: opt.step() before synchronization: a sharded optimizer "
+                               "steps once per window, after the window's last backward pass "
+                               "(when sync.is_step() is True); the gradients of this rank's "
+                               "shard are not reduced yet")
         if self._phase == "stepped":
             raise RuntimeError("sfsync: opt.step() was already called for window %d; step once "
                                "per window (when sync.is_step() is True)" % sync.windows)
