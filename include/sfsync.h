@@ -161,6 +161,13 @@ typedef struct sf_options {
    *  65504 (scale with SF_REDUCE_PRESCALED_SUM); bf16 keeps float32's range.
    *  Averaging divides after widening (exact up to float32 rounding). */
   sf_dtype wire_dtype;
+  /** Since 0.3. SF_SHARD_NONE (0, the default: every rank receives every
+   *  reduced gradient, as 0.2), SF_SHARD_FLAT or SF_SHARD_PARAMETER: see
+   *  "Sharded windows" below. env SF_SHARD = none|flat|parameter. Older
+   *  callers' structs get the default. */
+  int32_t shard_layout;
+  /** Since 0.3. Must be 0. */
+  int32_t reserved1;
 } sf_options;
 
 /**
@@ -354,6 +361,13 @@ typedef struct sf_stats {
   int64_t gradient_count;
   int64_t gradient_bytes;      /* sum of all registered gradients' sizes */
   int64_t sync_ns_total;       /* time spent inside sf_synchronize */
+  /* Since 0.3 (sharded windows; 0 in an unsharded context): */
+  int64_t reduce_scatters;     /* bucket reduce-scatters issued (also counted in
+                                  collectives_issued and bytes_reduced) */
+  int64_t all_gathers;         /* parameter bucket all-gathers issued (NOT in
+                                  collectives_issued) */
+  int64_t bytes_gathered;      /* parameter bytes those all-gathers carried (the
+                                  buckets' sizes, padding excluded) */
 } sf_stats;
 
 /** Copy the counters. out->struct_size must be set to at least the version-1
@@ -603,6 +617,157 @@ SF_API sf_status sf_digest_gradients(sf_context* ctx, uint64_t* out);
  * needed (as sf_connect). Free and SF_OK at world size 1. Since 0.2.
  */
 SF_API sf_status sf_check_replicas(sf_context* ctx, uint64_t digest);
+
+/* ---- Sharded windows (Since 0.3) ----------------------------------------
+ *
+ * Megatron-core's distributed optimizer for any host. In a sharded context
+ * (sf_options.shard_layout, SF_SHARD or sf_set_shard_layout) every bucket is
+ * reduce-scattered at synchronization instead of all-reduced: each rank
+ * receives only the part of every bucket it owns (sf_shard_range), averaged
+ * (or summed / prescaled, as set), steps its optimizer on that part of the
+ * parameters only, and then all-gathers the parameters bucket by bucket
+ * (sf_start_gather / sf_wait_gather, or sf_gather_parameters), in forward
+ * order (the last bucket, which holds the first layers, first), so that the
+ * next forward can start on the first layers while the others still travel.
+ *
+ * Every gradient has a parameter of the same numel, dtype and device
+ * (sf_register_parameter): the host's own buffer, or a view into a flat
+ * parameter buffer laid out exactly as the gradients' buckets (a gather then
+ * copies nothing). Host-owned gradients or parameters travel through a
+ * staging buffer per bucket (copied in before, out after).
+ *
+ * Layout of a bucket of B bytes on W ranks: a segment of S elements per rank,
+ * W * S elements in all, S a multiple of the elements in 64 bytes (so every
+ * rank's segment starts 64-byte aligned); the bytes on the wire per rank are
+ * (W - 1) / W of W * S elements for the reduce-scatter and as many for the
+ * all-gather: together one ring all-reduce of the padded bucket. A host
+ * bucket of a context with world size > 1 also carries the two window-check
+ * elements at the end of EVERY rank's segment (each rank checks its own).
+ *  - SF_SHARD_FLAT: the gradients contiguous (as unsharded), the bucket
+ *    padded at the end; rank r owns elements [r*S, (r+1)*S) of the bucket,
+ *    so a gradient may straddle two ranks (or more) and a rank may own none
+ *    of a small one.
+ *  - SF_SHARD_PARAMETER: whole gradients per rank: the bucket's gradients,
+ *    in order, are cut into W contiguous groups balanced by bytes, group r
+ *    in rank r's segment, each segment padded to the largest group (so the
+ *    reduce-scatter counts are equal). A rank owns each of its gradients
+ *    whole and no part of the others (for matrix optimizers: Muon, Shampoo).
+ *
+ * Nothing changes in the window rules: nothing is sent inside a window, one
+ * reduce-scatter per bucket per window, one all-gather per bucket per
+ * gathered window, the layout check (it includes the shard layout), the
+ * out-of-step check, timeouts. sf_check_replicas over a digest of the
+ * gathered parameters is the host's. A begin, grad_ready or synchronize of
+ * the next window while gathers are still in flight first waits for them
+ * (their buffers are reused).
+ */
+typedef int32_t sf_shard_layout;
+#define SF_SHARD_NONE 0      /* every rank receives every reduced gradient (all-reduce): as 0.2 */
+#define SF_SHARD_FLAT 1      /* contiguous 1/W of each padded bucket per rank (Megatron's) */
+#define SF_SHARD_PARAMETER 2 /* whole gradients per rank, W groups balanced by bytes */
+
+/** Set the shard layout (overrides sf_options.shard_layout). Until the
+ *  buckets are built, else SF_ERR_INVALID_STATE; a value that is not an
+ *  sf_shard_layout is SF_ERR_INVALID_ARGUMENT naming it. Since 0.3. */
+SF_API sf_status sf_set_shard_layout(sf_context* ctx, sf_shard_layout layout);
+
+/**
+ * Register the parameter whose gradient is `id` (sharded contexts only:
+ * else SF_ERR_INVALID_STATE naming the layout). `data` = NULL: plugin-owned,
+ * a view into a flat parameter buffer laid out exactly as the gradients'
+ * buckets (zero-copy gathers), zeroed; get its address with
+ * sf_parameter_data and copy the initial values in. Otherwise the host's
+ * buffer of `numel` elements, kept alive and in place for the life of the
+ * context. numel, dtype or device unlike gradient id's:
+ * SF_ERR_INVALID_ARGUMENT naming which and both values; an id that is not a
+ * gradient, or one that already has a parameter: SF_ERR_INVALID_ARGUMENT.
+ * Before the buckets are built (SF_ERR_INVALID_STATE after). Building the
+ * buckets of a sharded context in which some gradient has no parameter is
+ * SF_ERR_INVALID_STATE naming the first such gradient. Since 0.3.
+ */
+SF_API sf_status sf_register_parameter(sf_context* ctx, int64_t id, void* data, int64_t numel,
+                                       sf_dtype dtype, sf_device device);
+
+/** Address of parameter `id`: the host's pointer or the view into the flat
+ *  parameter buffer (valid for the life of the context). Builds the buckets
+ *  if needed. SF_ERR_INVALID_STATE in an unsharded context or for a
+ *  gradient without a parameter. Since 0.3. */
+SF_API sf_status sf_parameter_data(sf_context* ctx, int64_t id, void** out);
+
+/**
+ * Elements [*offset, *offset + *count) of gradient/parameter `id` that this
+ * rank owns (count may be 0, then offset is 0). After synchronization the
+ * gradient holds the reduced values there (elsewhere it holds unspecified
+ * values); the host's optimizer updates the parameter there; the gather
+ * brings the rest from the other ranks. Unsharded context: (0, numel).
+ * Builds the buckets. Either pointer may be NULL. Since 0.3.
+ */
+SF_API sf_status sf_shard_range(sf_context* ctx, int64_t id, int64_t* offset, int64_t* count);
+
+/** The bucket (0 = the first synchronized) that holds gradient `id`, in
+ *  *bucket. Builds the buckets. Since 0.3. */
+SF_API sf_status sf_gradient_bucket(sf_context* ctx, int64_t id, int64_t* bucket);
+
+/**
+ * Per-bucket completion, for an optimizer that steps each bucket as soon as
+ * it is reduced (sharded or not): start every bucket collective not yet
+ * started (the same rules and errors as sf_synchronize: SF_ERR_INVALID_STATE
+ * inside a window; the layout check first) and return without waiting.
+ * Then sf_wait_bucket per bucket, and sf_synchronize to finish the window.
+ * Since 0.3.
+ */
+SF_API sf_status sf_synchronize_start(sf_context* ctx);
+
+/**
+ * Wait for bucket `bucket`'s reduction (the reduce-scatter in a sharded
+ * context) and put its results in place (staged gradients copied back).
+ * SF_ERR_INVALID_STATE for a bucket not started in this window (naming it);
+ * SF_ERR_INVALID_ARGUMENT for an index out of range. Waiting twice is free.
+ * sf_synchronize afterwards waits for whatever is left, runs the window
+ * check and counts the window; until then the window is not complete (a
+ * begin is SF_ERR_INVALID_STATE). Errors as sf_synchronize's (the context
+ * fails). Since 0.3.
+ */
+SF_API sf_status sf_wait_bucket(sf_context* ctx, int64_t bucket);
+
+/**
+ * Start the all-gather of bucket `bucket`'s parameters (every rank's owned
+ * part to every rank). bucket = -1: every bucket not yet started, in
+ * forward order (the LAST bucket first). Sharded contexts only (else
+ * SF_ERR_INVALID_STATE). Allowed once the bucket's reduction of the current
+ * window completed (sf_wait_bucket or sf_synchronize) and at most once per
+ * bucket per window: a host that steps and gathers before synchronization
+ * gets SF_ERR_INVALID_STATE naming the bucket. The same buckets must be
+ * started in the same order on every rank. Host-owned parameters are copied
+ * into the bucket's staging buffer at this call (so step first). Since 0.3.
+ */
+SF_API sf_status sf_start_gather(sf_context* ctx, int64_t bucket);
+
+/**
+ * Wait for bucket `bucket`'s gather (-1: every started one); afterwards its
+ * parameters are whole on this rank (host-owned ones copied back).
+ * SF_ERR_INVALID_STATE for a bucket whose gather was never started this
+ * window; SF_ERR_INVALID_ARGUMENT for an index out of range. Waiting twice
+ * is free. Bounded by timeout_ms. Since 0.3.
+ */
+SF_API sf_status sf_wait_gather(sf_context* ctx, int64_t bucket);
+
+/** Blocking: start every gather not yet started (forward order) and wait for
+ *  all. Errors as sf_start_gather's. Since 0.3. */
+SF_API sf_status sf_gather_parameters(sf_context* ctx);
+
+/**
+ * Collective: replace `count` float64 values at `values` (host memory) by
+ * their sum over ranks, e.g. the squared global gradient norm for clipping
+ * or a used-parameter mask in a sharded context. Not inside a window, not
+ * while bucket reductions are in flight (SF_ERR_INVALID_STATE); a NULL
+ * `values` with count > 0 or a negative count is SF_ERR_INVALID_ARGUMENT.
+ * Every rank must pass the same count: a 16-byte collective checks that
+ * first and a difference is SF_ERR_MISMATCH on every rank (never a hang).
+ * Free at world size 1. Connects first if needed. Small collectives on the
+ * control path (Gloo; SF_ERR_UNSUPPORTED with backend = nccl). Since 0.3.
+ */
+SF_API sf_status sf_allreduce_float64(sf_context* ctx, double* values, int64_t count);
 
 #ifdef __cplusplus
 }

@@ -358,3 +358,63 @@ sf_status sf_check_replicas(sf_context* ctx, uint64_t digest) {
 }
 
 }  // extern "C"
+
+// ---- Sharded windows (Since 0.3) ---------------------------------------------
+
+extern "C" {
+
+sf_status sf_set_shard_layout(sf_context* ctx, sf_shard_layout layout) {
+  return guard("sf_set_shard_layout", [&] { checked(ctx).setShardLayout(layout); });
+}
+
+sf_status sf_register_parameter(sf_context* ctx, int64_t id, void* data, int64_t numel,
+                                sf_dtype dtype, sf_device device) {
+  return guard("sf_register_parameter",
+               [&] { checked(ctx).registerParameter(id, data, numel, dtype, device); });
+}
+
+sf_status sf_parameter_data(sf_context* ctx, int64_t id, void** out) {
+  return guard("sf_parameter_data", [&] {
+    sfsync::Context& c = checked(ctx);
+    void*& result = checked(out, "out");  // before any side effect
+    result = c.parameterData(id);
+  });
+}
+
+sf_status sf_shard_range(sf_context* ctx, int64_t id, int64_t* offset, int64_t* count) {
+  return guard("sf_shard_range", [&] { checked(ctx).shardRange(id, offset, count); });
+}
+
+sf_status sf_gradient_bucket(sf_context* ctx, int64_t id, int64_t* bucket) {
+  return guard("sf_gradient_bucket", [&] {
+    sfsync::Context& c = checked(ctx);
+    int64_t& result = checked(bucket, "bucket");  // before any side effect
+    result = c.gradientBucket(id);
+  });
+}
+
+sf_status sf_synchronize_start(sf_context* ctx) {
+  return guard("sf_synchronize_start", [&] { checked(ctx).synchronizeStart(); });
+}
+
+sf_status sf_wait_bucket(sf_context* ctx, int64_t bucket) {
+  return guard("sf_wait_bucket", [&] { checked(ctx).waitBucket(bucket); });
+}
+
+sf_status sf_start_gather(sf_context* ctx, int64_t bucket) {
+  return guard("sf_start_gather", [&] { checked(ctx).startGather(bucket); });
+}
+
+sf_status sf_wait_gather(sf_context* ctx, int64_t bucket) {
+  return guard("sf_wait_gather", [&] { checked(ctx).waitGather(bucket); });
+}
+
+sf_status sf_gather_parameters(sf_context* ctx) {
+  return guard("sf_gather_parameters", [&] { checked(ctx).gatherParameters(); });
+}
+
+sf_status sf_allreduce_float64(sf_context* ctx, double* values, int64_t count) {
+  return guard("sf_allreduce_float64", [&] { checked(ctx).allreduceFloat64(values, count); });
+}
+
+}  // extern "C"

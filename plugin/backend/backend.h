@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "plugin/core/error.h"
 #include "sfsync.h"
@@ -73,6 +74,34 @@ class Backend : public MemoryOps {
   // started in the same order on every rank; the backend keeps that order.
   virtual std::unique_ptr<Work> startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                                ReduceSpec spec) = 0;
+
+  // Since 0.3 (sharded windows). Start an in-place reduce-scatter: `data`
+  // holds world_size segments of `segmentElems` elements each; afterwards
+  // segment `rank` holds the elementwise sum over ranks, its first
+  // spec.scaledElems elements (-1: all) multiplied by prescale * postscale
+  // (the window check's control elements after them summed as they are);
+  // the other segments hold unspecified values. Started in the same order on
+  // every rank, in one sequence with startAllreduce.
+  virtual std::unique_ptr<Work> startReduceScatter(void* data, int64_t segmentElems,
+                                                   sf_dtype dtype, ReduceSpec spec) {
+    (void)data, (void)segmentElems, (void)dtype, (void)spec;
+    fail(SF_ERR_UNSUPPORTED, std::string("the ") + name() + " backend has no reduce-scatter");
+  }
+  // Start an in-place all-gather: segment `rank` of `data` (world_size
+  // segments of `segmentElems`) to every rank. A sequence of its own
+  // (parameter gathers are ordered among themselves, not with the
+  // reductions, and may overlap them); spec.bucket / spec.trace only.
+  virtual std::unique_ptr<Work> startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
+                                               ReduceSpec spec) {
+    (void)data, (void)segmentElems, (void)dtype, (void)spec;
+    fail(SF_ERR_UNSUPPORTED, std::string("the ") + name() + " backend has no all-gather");
+  }
+  // Blocking, control path (sf_allreduce_float64): elementwise sum of `n`
+  // float64 values in host memory across ranks. No reduction may be in flight.
+  virtual void allreduceSumFloat64(double* data, int64_t n) {
+    (void)data, (void)n;
+    fail(SF_ERR_UNSUPPORTED, std::string("the ") + name() + " backend has no float64 control sum");
+  }
 
   // Blocking, for control messages (the layout check): elementwise max of
   // `n` int64 values in host memory across ranks. No work may be in flight.

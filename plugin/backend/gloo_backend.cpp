@@ -10,6 +10,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "plugin/backend/gloo_mesh.h"
+#include "plugin/backend/gloo_ring.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/rendezvous/rendezvous.h"
@@ -109,6 +110,7 @@ void GlooBackend::connect() {
   // tag), so extra lanes cost a thread, not a connection.
   lanes_ = laneExecutors_.size() + 1;
   wireScratch_.resize(lanes_);
+  ringScratch_.resize(lanes_);
 }
 
 void GlooBackend::connectHere() {
@@ -248,6 +250,139 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
   }
   return std::make_unique<GlooWork>(std::move(futures),
                                     std::chrono::milliseconds(opts_.timeout_ms));
+}
+
+namespace {
+
+// The span of one ring piece on its track, also when it fails.
+struct RingTraced {
+  Tracer* trace;
+  int track;
+  std::string trackName;
+  const char* what;
+  int64_t bucket, piece;
+  int64_t* sent;
+  double t0;
+  RingTraced(Tracer* t, int tr, std::string name, const char* w, int64_t b, int64_t p, int64_t* s)
+      : trace(t), track(tr), trackName(std::move(name)), what(w), bucket(b), piece(p), sent(s),
+        t0(t ? Tracer::nowUs() : 0) {}
+  ~RingTraced() {
+    if (!trace) return;
+    trace->nameTrack(track, trackName);
+    trace->span(track, what, t0, Tracer::nowUs(),
+                "\"bucket\":" + std::to_string(bucket) + ",\"piece\":" + std::to_string(piece) +
+                    ",\"wire_bytes\":" + std::to_string(*sent));
+  }
+};
+
+// Pieces of one segment: at most kWireChunkBytes x world_size on the wire
+// each (with one lane: whole), whole 64-byte lines.
+int64_t ringPieceElems(int64_t segmentElems, int64_t elemBytes, int64_t world, size_t lanes) {
+  if (lanes <= 1 || segmentElems * elemBytes * world <= kWireChunkBytes) return segmentElems;
+  const int64_t lineElems = std::max<int64_t>(1, 64 / elemBytes);
+  const int64_t pieces = (segmentElems * elemBytes * world + kWireChunkBytes - 1) / kWireChunkBytes;
+  return ((segmentElems + pieces - 1) / pieces + lineElems - 1) / lineElems * lineElems;
+}
+
+}  // namespace
+
+std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmentElems,
+                                                      sf_dtype dtype, ReduceSpec spec) {
+  connect();
+  throwIfFailed();
+  const int64_t elemBytes = int64_t(dtypeSize(dtype));
+  const int64_t pieceElems =
+      std::max<int64_t>(1, ringPieceElems(segmentElems, elemBytes, opts_.world_size, lanes_));
+  const int rank = opts_.rank;
+  const std::chrono::milliseconds timeout(opts_.timeout_ms);
+  std::vector<std::future<TaskResult>> futures;
+  for (int64_t begin = 0; begin < segmentElems; begin += pieceElems) {
+    const int64_t count = std::min(pieceElems, segmentElems - begin);
+    // One sequence with the all-reduces: the same tags and lanes on every rank.
+    const uint32_t tag = 1 + uint32_t(nextPiece_ % 0x7fffffffu);
+    const size_t lane = size_t(nextPiece_++ % lanes_);
+    auto context = context_;
+    std::vector<char>* scratch = &ringScratch_[lane];  // only this lane's thread uses it
+    const int64_t piece = int64_t(futures.size());
+    char* base = static_cast<char*>(data);
+    auto task = [this, context, scratch, base, begin, count, dtype, elemBytes, segmentElems, spec,
+                 lane, piece, tag, rank, timeout] {
+      throwIfFailed();
+      int64_t sent = 0;
+      RingTraced traced(spec.trace, int(1 + lane), "lane " + std::to_string(lane),
+                        "reduce_scatter", spec.bucket, piece, &sent);
+      try {
+        glooCall("reduce-scatter", [&] {
+          sent = ringReduceScatter(*context,
+                                   RingPiece{base, segmentElems * elemBytes, begin * elemBytes,
+                                             count * elemBytes, dtype},
+                                   tag, timeout, *scratch);
+        });
+        ringBytesSent_.fetch_add(sent);
+        // Scales on this rank's own piece only (the shard), after the sum.
+        const double factor = spec.prescale * spec.postscale;
+        const int64_t scaled = spec.scaledElems < 0
+                                   ? count
+                                   : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
+        if (factor != 1.0 && scaled > 0) {
+          scaleInPlace(base + (rank * segmentElems + begin) * elemBytes, scaled, dtype, factor);
+        }
+      } catch (const Error& e) {
+        noteFailure(e.status(), e.what());
+        throw;
+      }
+    };
+    futures.push_back(executorOf(lane).submit(task));
+  }
+  return std::make_unique<GlooWork>(std::move(futures), timeout);
+}
+
+std::unique_ptr<Work> GlooBackend::startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
+                                                  ReduceSpec spec) {
+  connect();
+  throwIfFailed();
+  const int64_t elemBytes = int64_t(dtypeSize(dtype));
+  const std::chrono::milliseconds timeout(opts_.timeout_ms);
+  // Tags 2^31.. : their own sequence, apart from the reductions' 1..2^31-1.
+  const uint32_t tag = 0x80000000u | uint32_t(nextGather_++ % 0x7fffffffu);
+  auto context = context_;
+  char* base = static_cast<char*>(data);
+  auto task = [this, context, base, segmentElems, dtype, elemBytes, spec, tag, timeout] {
+    throwIfFailed();
+    int64_t sent = 0;
+    RingTraced traced(spec.trace, int(1 + lanes_), "gather", "all_gather", spec.bucket, 0, &sent);
+    try {
+      glooCall("all-gather", [&] {
+        sent = ringAllgather(*context,
+                             RingPiece{base, segmentElems * elemBytes, 0, segmentElems * elemBytes,
+                                       dtype},
+                             tag, timeout);
+      });
+      ringBytesSent_.fetch_add(sent);
+    } catch (const Error& e) {
+      noteFailure(e.status(), e.what());
+      throw;
+    }
+  };
+  std::vector<std::future<TaskResult>> futures;
+  futures.push_back(gatherExecutor_.submit(task));
+  return std::make_unique<GlooWork>(std::move(futures), timeout);
+}
+
+void GlooBackend::allreduceSumFloat64(double* data, int64_t n) {
+  connect();
+  auto context = context_;
+  executor_
+      .submit([context, data, n] {
+        glooCall("allreduce (float64 sum)", [&] {
+          gloo::AllreduceOptions opts(context);
+          opts.setOutput(data, size_t(n));
+          opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<double>));
+          gloo::allreduce(opts);
+        });
+      })
+      .get()
+      .throwIfFailed();
 }
 
 void GlooBackend::allreduceMaxInt64(int64_t* data, int64_t n) {

@@ -56,6 +56,17 @@ class GlooBackend : public Backend {
   void connect() override;
   std::unique_ptr<Work> startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                        ReduceSpec spec) override;
+  // Since 0.3: ring reduce-scatter on the lanes (pieces and tags as the
+  // all-reduces'), ring all-gather on a worker of its own (its own tag
+  // sequence: gathers are ordered among themselves, and may be on the wire
+  // while the next window's reductions start).
+  std::unique_ptr<Work> startReduceScatter(void* data, int64_t segmentElems, sf_dtype dtype,
+                                           ReduceSpec spec) override;
+  std::unique_ptr<Work> startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
+                                       ReduceSpec spec) override;
+  void allreduceSumFloat64(double* data, int64_t n) override;
+  // Bytes this rank sent in reduce-scatters and all-gathers (payload).
+  int64_t ringBytesSent() const { return ringBytesSent_.load(); }
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
   void barrierQuietly() noexcept override;
   void broadcast(void* data, size_t bytes, int root) override;
@@ -84,6 +95,10 @@ class GlooBackend : public Backend {
   sf_status failureStatus_ = SF_OK;
   std::string failure_;
   std::vector<std::unique_ptr<OrderedExecutor>> laneExecutors_;  // lanes 1..: joined before contexts go
+  std::vector<std::vector<char>> ringScratch_;             // per lane: reduce-scatter receives
+  uint64_t nextGather_ = 0;                                // of the next startAllgather
+  std::atomic<int64_t> ringBytesSent_{0};
+  OrderedExecutor gatherExecutor_;  // parameter all-gathers: joined before the lanes' context goes
   OrderedExecutor executor_;  // declared last: joined first
 };
 

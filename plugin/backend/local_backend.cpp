@@ -21,4 +21,13 @@ std::unique_ptr<Work> LocalBackend::startAllreduce(void* data, int64_t numel, sf
   return std::make_unique<DoneWork>();
 }
 
+std::unique_ptr<Work> LocalBackend::startReduceScatter(void* data, int64_t segmentElems,
+                                                       sf_dtype dtype, ReduceSpec spec) {
+  return startAllreduce(data, segmentElems, dtype, spec);  // one rank: its segment is everything
+}
+
+std::unique_ptr<Work> LocalBackend::startAllgather(void*, int64_t, sf_dtype, ReduceSpec) {
+  return std::make_unique<DoneWork>();  // the only segment is already in place
+}
+
 }  // namespace sfsync

@@ -42,6 +42,16 @@ static_assert(offsetof(sf_stats, smallest_bucket_bytes) == 80, "sf_stats v1");
 static_assert(offsetof(sf_stats, gradient_count) == 88, "sf_stats v1");
 static_assert(offsetof(sf_stats, gradient_bytes) == 96, "sf_stats v1");
 static_assert(offsetof(sf_stats, sync_ns_total) == 104, "sf_stats v1");
+// Fields appended since (0.2, 0.3): their offsets are frozen as well.
+static_assert(offsetof(sf_options, max_inflight) == 320, "sf_options 0.2");
+static_assert(offsetof(sf_options, wire_dtype) == 324, "sf_options 0.2");
+static_assert(offsetof(sf_options, shard_layout) == 328, "sf_options 0.3");
+static_assert(offsetof(sf_options, reserved1) == 332, "sf_options 0.3");
+static_assert(sizeof(sf_options) == 336, "sf_options 0.3");
+static_assert(offsetof(sf_stats, reduce_scatters) == 112, "sf_stats 0.3");
+static_assert(offsetof(sf_stats, all_gathers) == 120, "sf_stats 0.3");
+static_assert(offsetof(sf_stats, bytes_gathered) == 128, "sf_stats 0.3");
+static_assert(sizeof(sf_stats) == 136, "sf_stats 0.3");
 
 namespace {
 
@@ -59,6 +69,7 @@ void setDefaults(sf_options& o) {
   o.timeout_ms = kDefaultTimeoutMs;
   o.max_inflight = kDefaultMaxInflight;
   o.wire_dtype = SF_DTYPE_FLOAT32;
+  o.shard_layout = SF_SHARD_NONE;
 }
 
 // Collects parse errors so that every valid variable is still applied.
@@ -169,6 +180,8 @@ void optionsFromEnvironment(sf_options& o) {
   env.readChoice("SF_WIRE_DTYPE", wire, kWire, 3);
   if (wire == 1) o.wire_dtype = SF_DTYPE_BFLOAT16;
   if (wire == 2) o.wire_dtype = SF_DTYPE_FLOAT16;
+  static const char* const kShard[] = {"none", "flat", "parameter"};
+  env.readChoice("SF_SHARD", o.shard_layout, kShard, 3);
   const char* rdv = env.get("SF_RENDEZVOUS");
   if (!rdv && env.get("MASTER_ADDR")) rdv = "env://";
   if (rdv) {
@@ -247,6 +260,11 @@ void validateOptions(const sf_options& o) {
              o.wire_dtype != SF_DTYPE_FLOAT16) {
     s << "opts->wire_dtype = " << o.wire_dtype
       << " is not SF_DTYPE_FLOAT32 (native), SF_DTYPE_BFLOAT16 or SF_DTYPE_FLOAT16";
+  } else if (o.shard_layout < SF_SHARD_NONE || o.shard_layout > SF_SHARD_PARAMETER) {
+    s << "opts->shard_layout = " << o.shard_layout
+      << " is not an sf_shard_layout (0 none, 1 flat, 2 parameter)";
+  } else if (o.reserved1 != 0) {
+    s << "opts->reserved1 = " << o.reserved1 << " must be 0";
   } else if (o.world_size > 1 && o.rendezvous[0] == 0) {
     s << "opts->rendezvous is empty but world_size = " << o.world_size
       << " (set SF_RENDEZVOUS, or MASTER_ADDR/MASTER_PORT for env://)";

@@ -176,6 +176,7 @@ void Context::beginAccumulation() {
                           std::memory_order_relaxed);
   }
   readyInWindow_.store(0, std::memory_order_relaxed);
+  reducer_.openPass();  // the last window's reductions are not this one's
   if (trace_) windowStartUs_ = Tracer::nowUs();
   windowsBegun_.fetch_add(1, std::memory_order_release);
   inWindow_.store(true, std::memory_order_release);
@@ -322,6 +323,9 @@ sf_stats Context::stats() const {
   s.gradient_count = reducer_.gradientCount();
   s.gradient_bytes = reducer_.gradientBytes();
   s.sync_ns_total = syncNs_.load(std::memory_order_relaxed);
+  s.reduce_scatters = c.reduceScatters;
+  s.all_gathers = c.allGathers;
+  s.bytes_gathered = c.bytesGathered;
   if (reducer_.built()) {
     const auto& plan = reducer_.plan();
     s.bucket_count = int64_t(plan.size());
@@ -478,6 +482,105 @@ void Context::checkReplicas(uint64_t digest) {
   }
   s << ")";
   fail(SF_ERR_MISMATCH, s.str());
+}
+
+}  // namespace sfsync
+
+namespace sfsync {
+
+// ---- Since 0.3: sharded windows and per-bucket completion -----------------
+
+void Context::setShardLayout(sf_shard_layout layout) {
+  if (layout < SF_SHARD_NONE || layout > SF_SHARD_PARAMETER) {
+    fail(SF_ERR_INVALID_ARGUMENT, "layout = " + std::to_string(layout) +
+                                      " is not an sf_shard_layout (0 none, 1 flat, 2 parameter)");
+  }
+  reducer_.setShardLayout(layout);
+  opts_.shard_layout = layout;
+}
+
+void Context::registerParameter(int64_t id, void* data, int64_t numel, sf_dtype dtype,
+                                sf_device device) {
+  checkId(id);
+  if (device == SF_DEVICE_CUDA && data && nccl_) {
+    nccl_->checkDeviceMemory(data, size_t(std::max<int64_t>(numel, 0)) *
+                                       (dtypeValid(dtype) ? dtypeSize(dtype) : 1));
+  }
+  reducer_.addParameter(id, data, numel, dtype, device);
+}
+
+void* Context::parameterData(int64_t id) {
+  checkId(id);
+  return reducer_.parameterData(id);
+}
+
+void Context::shardRange(int64_t id, int64_t* offset, int64_t* count) {
+  checkId(id);
+  const ShardRange r = reducer_.shardRange(id);
+  if (offset) *offset = r.offset;
+  if (count) *count = r.count;
+}
+
+int64_t Context::gradientBucket(int64_t id) {
+  checkId(id);
+  return reducer_.gradientBucket(id);
+}
+
+void Context::synchronizeStart() {
+  if (inWindow_.load(std::memory_order_acquire)) {
+    fail(SF_ERR_INVALID_STATE,
+         "sf_synchronize_start inside an accumulation window: the optimizer would step on "
+         "unreduced gradients; call sf_end_accumulation first");
+  }
+  reducer_.synchronizeStart(currentWindow());
+}
+
+void Context::waitBucket(int64_t bucket) { reducer_.waitBucket(bucket); }
+
+void Context::startGather(int64_t bucket) {
+  if (bucket < -1) {
+    fail(SF_ERR_INVALID_ARGUMENT, "bucket = " + std::to_string(bucket) +
+                                      " is not a bucket (0..count-1, or -1 for all)");
+  }
+  reducer_.startGather(bucket);
+}
+
+void Context::waitGather(int64_t bucket) {
+  if (bucket < -1) {
+    fail(SF_ERR_INVALID_ARGUMENT, "bucket = " + std::to_string(bucket) +
+                                      " is not a bucket (0..count-1, or -1 for all)");
+  }
+  reducer_.waitGather(bucket);
+}
+
+void Context::gatherParameters() {
+  reducer_.startGather(-1);
+  reducer_.waitGather(-1);
+}
+
+void Context::allreduceFloat64(double* values, int64_t count) {
+  if (count < 0) fail(SF_ERR_INVALID_ARGUMENT, "count = " + std::to_string(count) + " is negative");
+  if (!values && count > 0) {
+    fail(SF_ERR_INVALID_ARGUMENT, "values is NULL with count = " + std::to_string(count));
+  }
+  checkIdle("sf_allreduce_float64");
+  if (opts_.world_size == 1) return;
+  if (opts_.backend == SF_BACKEND_NCCL) {
+    fail(SF_ERR_UNSUPPORTED, "sf_allreduce_float64 sums host memory, which needs the Gloo "
+                             "transport: with backend = nccl it is not available (use auto)");
+  }
+  connect();
+  Backend& backend = controlBackend();
+  // Ranks that pass different counts would pair unequal buffers: check first.
+  int64_t agree[2] = {count, -count};
+  backend.allreduceMaxInt64(agree, 2);
+  if (agree[0] != -agree[1]) {
+    fail(SF_ERR_MISMATCH, "ranks passed different counts: from " + std::to_string(-agree[1]) +
+                              " to " + std::to_string(agree[0]) + " (this rank: count = " +
+                              std::to_string(count) + ")");
+  }
+  if (count == 0) return;
+  backend.allreduceSumFloat64(values, count);
 }
 
 }  // namespace sfsync

@@ -132,6 +132,21 @@ class Context {
   // SF_ERR_INVALID_STATE inside a window or while buckets are in flight.
   void checkIdle(const char* what) const;
 
+  // ---- Since 0.3: sharded windows and per-bucket completion ----------------
+ public:
+  void setShardLayout(sf_shard_layout layout);
+  void registerParameter(int64_t id, void* data, int64_t numel, sf_dtype dtype, sf_device device);
+  void* parameterData(int64_t id);
+  void shardRange(int64_t id, int64_t* offset, int64_t* count);
+  int64_t gradientBucket(int64_t id);
+  void synchronizeStart();
+  void waitBucket(int64_t bucket);
+  void startGather(int64_t bucket);
+  void waitGather(int64_t bucket);
+  void gatherParameters();
+  void allreduceFloat64(double* values, int64_t count);
+
+ private:
   std::shared_ptr<Rendezvous> rendezvous_;  // shared with the backends
   std::mutex connectMutex_;
   bool connected_ = false;

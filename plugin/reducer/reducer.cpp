@@ -71,7 +71,8 @@ Reducer::Reducer(const sf_options& opts, BackendFor backendFor)
     : opts_(opts),
       backendFor_(std::move(backendFor)),
       capMb_(opts.bucket_cap_mb),
-      firstCapMb_(opts.first_bucket_cap_mb) {}
+      firstCapMb_(opts.first_bucket_cap_mb),
+      shard_(opts.shard_layout) {}
 
 Reducer::~Reducer() {
   quiesce();  // collectives in flight read and write our buffers
@@ -86,11 +87,17 @@ void Reducer::releaseMemory() noexcept {
   buckets_.clear();
   for (auto& kv : flat_) memoryFor(kv.first).deallocate(kv.second);
   flat_.clear();
+  for (auto& kv : flatParams_) memoryFor(kv.first).deallocate(kv.second);
+  flatParams_.clear();
 }
 
 bool Reducer::bucketNeedsStaging(const PlannedBucket& plan) const {
+  // A host-owned gradient, or a plugin-owned one that a control slot would
+  // cut in two (the flat sharded layout's window-check bucket).
+  const ShardLayout& layout = buckets_[size_t(&plan - plan_.data())].layout;
   for (int64_t id : plan.grads) {
-    if (!grads_[size_t(id)].owned) return true;
+    const Gradient& g = grads_[size_t(id)];
+    if (!g.owned || !layout.contiguous(g.offset, g.numel)) return true;
   }
   return false;
 }
@@ -111,13 +118,15 @@ bool Reducer::quiesce() noexcept {
 bool Reducer::drainLocked() noexcept {
   bool ok = true;
   for (auto& b : buckets_) {
-    if (!b.work) continue;
-    try {
-      b.work->wait();
-    } catch (...) {
-      ok = false;
+    for (std::unique_ptr<Work>* w : {&b.work, &b.gather}) {
+      if (!*w) continue;
+      try {
+        (*w)->wait();
+      } catch (...) {
+        ok = false;
+      }
+      w->reset();
     }
-    b.work.reset();
   }
   nextToStart_ = 0;
   return ok;
@@ -175,6 +184,17 @@ void Reducer::build() {
 void Reducer::buildLocked() {
   if (built()) return;
   if (grads_.empty()) fail(SF_ERR_INVALID_STATE, "no gradient is registered");
+  if (sharded()) {
+    for (size_t id = 0; id < grads_.size(); ++id) {
+      if (grads_[id].hasParam) continue;
+      fail(SF_ERR_INVALID_STATE,
+           "gradient " + std::to_string(id) + " ('" + grads_[id].name +
+               "') has no parameter: in a sharded context (shard_layout = " +
+               std::string(shard_ == SF_SHARD_FLAT ? "flat" : "parameter") +
+               ") register every gradient's parameter (sf_register_parameter) before the "
+               "buckets are built");
+    }
+  }
   std::vector<GradSpec> specs;
   for (const auto& g : grads_) specs.push_back({g.numel, g.dtype, g.device});
   plan_ = planBuckets(specs, capBytes(capMb_), capBytes(firstCapMb_));
@@ -188,6 +208,12 @@ void Reducer::buildLocked() {
     int best = 0;
     for (size_t i = 0; i < plan_.size(); ++i) {
       if (plan_[i].device != SF_DEVICE_HOST || exactBits(plan_[i].dtype) < best) continue;
+      // The flat sharded layout stages its window-check bucket (the control
+      // slots cut gradients): there the smallest such bucket costs least.
+      if (shard_ == SF_SHARD_FLAT && exactBits(plan_[i].dtype) == best && controlBucket_ >= 0 &&
+          plan_[i].bytes > plan_[size_t(controlBucket_)].bytes) {
+        continue;
+      }
       best = exactBits(plan_[i].dtype);
       controlBucket_ = int64_t(i);
     }
@@ -207,20 +233,37 @@ void Reducer::buildLocked() {
   // bucket made only of them is one contiguous slice of its device's flat_.
   // Every sum is checked (kMaxTotalBytes makes a wrap impossible; the check
   // keeps it so if that limit changes).
-  std::map<sf_device, int64_t> flatBytes;
-  std::vector<int64_t> bucketOffset(plan_.size());
-  std::vector<int64_t> allocBytes(plan_.size());  // gradients + control elements
+  // Each bucket's shard layout (one segment when unsharded: shard_plan.h).
+  buckets_.clear();
+  buckets_.resize(plan_.size());
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    std::vector<int64_t> numels;
+    for (int64_t id : plan_[i].grads) numels.push_back(grads_[size_t(id)].numel);
+    buckets_[i].layout = planShards(numels, int64_t(dtypeSize(plan_[i].dtype)), opts_.world_size,
+                                    shard_, int64_t(i) == controlBucket_);
+    for (size_t j = 0; j < plan_[i].grads.size(); ++j) {
+      Gradient& g = grads_[size_t(plan_[i].grads[j])];
+      g.bucket = int64_t(i);
+      g.offset = buckets_[i].layout.offsets[j];
+    }
+  }
+  std::map<sf_device, int64_t> flatBytes, paramBytes;
+  std::vector<int64_t> bucketOffset(plan_.size()), paramOffset(plan_.size());
+  std::vector<int64_t> allocBytes(plan_.size());  // gradients + padding + control elements
   for (size_t i = 0; i < plan_.size(); ++i) {
     int64_t& deviceBytes = flatBytes[plan_[i].device];
     bucketOffset[i] = deviceBytes;
-    int64_t elems = 0;
-    for (int64_t id : plan_[i].grads) {
-      Gradient& g = grads_[size_t(id)];
-      g.bucket = int64_t(i);
-      g.offset = elems;
-      elems += g.numel;
+    const int64_t esize = int64_t(dtypeSize(plan_[i].dtype));
+    // The padding of a sharded layout is below 64 bytes per rank (flat) or
+    // the groups' imbalance (parameter): within the 2^62 total's headroom.
+    const int64_t layoutBytes = buckets_[i].layout.gradientElems() * esize;
+    const int64_t control = layoutBytes - plan_[i].bytes;
+    if (sharded()) {
+      int64_t& p = paramBytes[plan_[i].device];
+      paramOffset[i] = p;
+      p += (buckets_[i].layout.parameterElems() * esize + int64_t(kAlign) - 1) / int64_t(kAlign) *
+           int64_t(kAlign);
     }
-    const int64_t control = int64_t(i) == controlBucket_ ? 2 * int64_t(dtypeSize(plan_[i].dtype)) : 0;
     int64_t end = 0;
     if (__builtin_add_overflow(plan_[i].bytes, control, &allocBytes[i]) ||
         __builtin_add_overflow(deviceBytes, allocBytes[i], &end) ||
@@ -235,6 +278,16 @@ void Reducer::buildLocked() {
   // Device memory comes from the device's backend (created here if needed,
   // which may fail: no GPU). On any failure nothing stays allocated.
   try {
+    for (const auto& kv : paramBytes) {
+      try {
+        flatParams_[kv.first] = static_cast<char*>(memoryFor(kv.first).allocate(size_t(kv.second)));
+      } catch (const Error& e) {
+        if (e.status() != SF_ERR_OUT_OF_MEMORY) throw;
+        fail(SF_ERR_OUT_OF_MEMORY, "cannot allocate the flat parameter buffer of " +
+                                       std::to_string(kv.second) + " bytes on " +
+                                       deviceName(kv.first) + ": " + e.what());
+      }
+    }
     for (const auto& g : grads_) {
       if (g.owned && !flat_.count(g.device)) {
         const int64_t bytes = flatBytes[g.device];
@@ -249,7 +302,6 @@ void Reducer::buildLocked() {
         }
       }
     }
-    buckets_.resize(plan_.size());
     for (size_t i = 0; i < plan_.size(); ++i) {
       buckets_[i].plan = &plan_[i];
       buckets_[i].control = int64_t(i) == controlBucket_;
@@ -267,9 +319,19 @@ void Reducer::buildLocked() {
     for (int64_t id : plan_[i].grads) {
       Gradient& g = grads_[size_t(id)];
       b.numel += g.numel;
-      if (g.owned) g.data = flat_[g.device] + bucketOffset[i] + size_t(g.offset) * dtypeSize(g.dtype);
+      // A staged bucket's own gradients keep the logical layout (contiguous);
+      // a zero-copy one's sit where the collective reads them.
+      const int64_t at = b.staged ? g.offset : b.layout.physical(g.offset);
+      if (g.owned) g.data = flat_[g.device] + bucketOffset[i] + size_t(at) * dtypeSize(g.dtype);
     }
     if (!b.staged) b.storage = flat_[plan_[i].device] + bucketOffset[i];  // zero copy
+    if (sharded()) {
+      b.params = flatParams_[plan_[i].device] + paramOffset[i];
+      for (int64_t id : plan_[i].grads) {
+        Gradient& g = grads_[size_t(id)];
+        if (g.paramOwned) g.param = b.params + size_t(g.offset) * dtypeSize(g.dtype);
+      }
+    }
     b.pending = int64_t(plan_[i].grads.size());
   }
   built_.store(true, std::memory_order_release);
@@ -277,7 +339,12 @@ void Reducer::buildLocked() {
   SF_LOG(kInfo, "reducer", "bucket plan: " << plan_.size() << " buckets for " << grads_.size()
                                            << " gradients (" << totalBytes_ << " bytes), cap "
                                            << capBytes(capMb_) << " bytes, first cap "
-                                           << capBytes(firstCapMb_) << " bytes; window check "
+                                           << capBytes(firstCapMb_) << " bytes; "
+                                           << (sharded() ? (shard_ == SF_SHARD_FLAT
+                                                                ? "sharded (flat); "
+                                                                : "sharded (parameter); ")
+                                                         : "")
+                                           << "window check "
                                            << (controlBucket_ >= 0
                                                    ? "in bucket " + std::to_string(controlBucket_) +
                                                          " modulo " + std::to_string(controlModulus_)
@@ -348,6 +415,7 @@ void Reducer::markReady(int64_t id, int64_t window) {
     fail(SF_ERR_INVALID_STATE, "gradient " + std::to_string(id) + " ('" + g.name +
                                    "') was already reported ready since the last sf_synchronize");
   }
+  openPassLocked();
   g.ready = true;
   --buckets_[size_t(g.bucket)].pending;
   window_ = window;
@@ -361,18 +429,47 @@ void Reducer::startReadyBuckets(bool early) {
   }
 }
 
+void Reducer::copyToStaging(const Bucket& b, const Gradient& g) {
+  // Run by run: a run never crosses a segment's end (its control slot).
+  MemoryOps& memory = memoryFor(b.plan->device);
+  const size_t esize = dtypeSize(g.dtype);
+  const int64_t u = b.layout.shardElems;
+  for (int64_t done = 0; done < g.numel;) {
+    const int64_t l = g.offset + done;
+    const int64_t run = std::min(g.numel - done, u - l % u);
+    memory.copy(b.storage + size_t(b.layout.physical(l)) * esize,
+                static_cast<const char*>(g.data) + size_t(done) * esize, size_t(run) * esize);
+    done += run;
+  }
+}
+
+void Reducer::copyFromStaging(const Bucket& b, Gradient& g, ShardRange range) {
+  MemoryOps& memory = memoryFor(b.plan->device);
+  const size_t esize = dtypeSize(g.dtype);
+  const int64_t u = b.layout.shardElems;
+  for (int64_t done = range.offset; done < range.offset + range.count;) {
+    const int64_t l = g.offset + done;
+    const int64_t run = std::min(range.offset + range.count - done, u - l % u);
+    memory.copy(static_cast<char*>(g.data) + size_t(done) * esize,
+                b.storage + size_t(b.layout.physical(l)) * esize, size_t(run) * esize);
+    done += run;
+  }
+}
+
 void Reducer::start(Bucket& b, bool early) {
   Backend& backend = backendFor_(b.plan->device);
   if (!verified_) verifyLayout(backend);
   const sf_dtype dtype = b.plan->dtype;
   const size_t esize = dtypeSize(dtype);
+  // The previous window's gather of this bucket ends first (the host may
+  // not have waited for it; its parameters must be whole before this
+  // window's state replaces it).
+  if (b.gather) waitGatherLocked(b);
+  b.reduced = false;
+  b.gatherStarted = false;
   if (b.staged) {
-    MemoryOps& memory = memoryFor(b.plan->device);
     try {
-      for (int64_t id : b.plan->grads) {
-        const Gradient& g = grads_[size_t(id)];
-        memory.copy(b.storage + size_t(g.offset) * esize, g.data, size_t(g.bytes()));
-      }
+      for (int64_t id : b.plan->grads) copyToStaging(b, grads_[size_t(id)]);
     } catch (const Error& e) {
       failWith(e.status(), e.what());
     }
@@ -383,26 +480,37 @@ void Reducer::start(Bucket& b, bool early) {
   if (trace_) {
     trace_->instant(0, "launch", "\"bucket\":" + std::to_string(spec.bucket) + ",\"bytes\":" +
                                      std::to_string(b.plan->bytes) + ",\"early\":" +
-                                     (early ? "true" : "false"));
+                                     (early ? "true" : "false") + ",\"collective\":\"" +
+                                     (sharded() ? "reduce_scatter" : "all_reduce") + "\"");
   }
-  int64_t numel = b.numel;
+  const ShardLayout& layout = b.layout;
   if (b.control) {
     // The control elements must be summed exactly: the backend scales only
     // the gradients (on its lanes, piece by piece, off the caller's path);
     // the modulus fits the dtype they travel in (a 16-bit wire included).
-    spec.scaledElems = b.numel;
+    // Sharded: after every rank's segment, so that each rank checks its own.
+    spec.scaledElems = layout.shardElems;
     const int64_t x = window_ % controlModulus_;
-    storeValue(b.storage + size_t(b.numel) * esize, dtype, double(x));
-    storeValue(b.storage + size_t(b.numel + 1) * esize, dtype, double(x * x));
+    for (int64_t k = 0; k < layout.world; ++k) {
+      char* slot = b.storage + size_t(k * layout.segmentElems + layout.shardElems) * esize;
+      storeValue(slot, dtype, double(x));
+      storeValue(slot + esize, dtype, double(x * x));
+    }
     controlWindow_ = window_;
-    numel += 2;
   }
+  // The one place where the mode picks the collective (as Megatron's
+  // _ParamAndGradBucketGroup): each rank receives its segment, or everything.
   try {
-    b.work = backend.startAllreduce(b.storage, numel, dtype, spec);
+    if (sharded()) {
+      b.work = backend.startReduceScatter(b.storage, layout.segmentElems, dtype, spec);
+    } else {
+      b.work = backend.startAllreduce(b.storage, layout.gradientElems(), dtype, spec);
+    }
   } catch (const Error& e) {
     failWith(e.status(), e.what());
   }
   ++counters_.collectives;
+  if (sharded()) ++counters_.reduceScatters;
   counters_.bytesReduced += b.plan->bytes;
   if (early) ++counters_.earlyLaunches;
   SF_LOG(kTrace, "reducer", "window " << window_ << ": bucket " << (&b - buckets_.data())
@@ -422,8 +530,11 @@ void Reducer::checkWindow() {
   const Bucket& b = buckets_[size_t(controlBucket_)];
   const sf_dtype dtype = b.plan->dtype;
   const size_t esize = dtypeSize(dtype);
-  const double sum = loadValue(b.storage + size_t(b.numel) * esize, dtype);
-  const double sumSquares = loadValue(b.storage + size_t(b.numel + 1) * esize, dtype);
+  // This rank's own segment's slot (the only one a reduce-scatter sums here).
+  const char* slot = b.storage + size_t(ownSegment(b) * b.layout.segmentElems +
+                                        b.layout.shardElems) * esize;
+  const double sum = loadValue(slot, dtype);
+  const double sumSquares = loadValue(slot + esize, dtype);
   const int64_t w = controlWindow_, x = w % controlModulus_, world = opts_.world_size;
   // world * x^2 <= 2^53: exact in int64 and double. A rank's check passes iff
   // both sums are world times its own values, i.e. iff every rank sent the
@@ -453,7 +564,8 @@ void Reducer::verifyLayout(Backend& backend) {
                                  int64_t(plan_.size()),
                                  capBytes(capMb_),
                                  capBytes(firstCapMb_),
-                                 opts_.reduce_op};
+                                 opts_.reduce_op,
+                                 int64_t(shard_)};
   std::vector<int64_t> h;
   for (int64_t x : header) {
     h.push_back(x);
@@ -489,7 +601,7 @@ void Reducer::verifyLayout(Backend& backend) {
     }
   }
   static const char* const kFields[] = {"gradient counts", "bucket counts", "bucket_cap_mb",
-                                        "first_bucket_cap_mb", "reduce ops"};
+                                        "first_bucket_cap_mb", "reduce ops", "shard layouts"};
   for (size_t f = 0; f < header.size(); ++f) {
     const int64_t hi = h[2 * f], lo = -h[2 * f + 1];
     if (hi == lo) continue;
@@ -510,38 +622,279 @@ void Reducer::synchronize(int64_t window) {
   std::lock_guard<std::mutex> lock(mutex_);
   throwIfFailed();
   buildLocked();
+  openPassLocked();
   window_ = window;
   while (nextToStart_ < buckets_.size()) {
     start(buckets_[nextToStart_], false);
     ++nextToStart_;
   }
   for (auto& b : buckets_) {
-    try {
-      b.work->wait();
-    } catch (const Error& e) {
-      b.work.reset();
-      failWith(e.status(), e.what());
-    }
-    b.work.reset();
-    if (b.staged) {
-      MemoryOps& memory = memoryFor(b.plan->device);
-      try {
-        for (int64_t id : b.plan->grads) {
-          Gradient& g = grads_[size_t(id)];
-          memory.copy(g.data, b.storage + size_t(g.offset) * dtypeSize(g.dtype), size_t(g.bytes()));
-        }
-      } catch (const Error& e) {
-        failWith(e.status(), e.what());
-      }
-    }
-    if (trace_) {
-      trace_->instant(0, "finish", "\"bucket\":" + std::to_string(&b - buckets_.data()));
-    }
+    if (!b.reduced) waitBucketLocked(b);
   }
   if (controlBucket_ >= 0) checkWindow();
   for (auto& g : grads_) g.ready = false;
   for (auto& b : buckets_) b.pending = int64_t(b.plan->grads.size());
   nextToStart_ = 0;
+  passOpen_ = false;  // the results stay this window's until the next pass opens
+}
+
+// ---- Since 0.3: sharded windows and per-bucket completion -----------------
+
+void Reducer::openPassLocked() {
+  if (passOpen_) return;
+  // A new pass: the previous window's reductions are no longer this
+  // window's (a wait or gather now refers to the new one).
+  for (auto& b : buckets_) b.reduced = false;
+  passOpen_ = true;
+}
+
+void Reducer::openPass() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  openPassLocked();
+}
+
+void Reducer::setShardLayout(sf_shard_layout layout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (built()) {
+    fail(SF_ERR_INVALID_STATE, "the buckets are already built; the shard layout can only change "
+                               "before (sf_build_buckets, sf_gradient_data, sf_shard_range, ...)");
+  }
+  shard_ = layout;
+}
+
+void Reducer::requireSharded(const char* what) const {
+  if (sharded()) return;
+  fail(SF_ERR_INVALID_STATE, std::string(what) + " needs a sharded context, but shard_layout = "
+                                 "none (set SF_SHARD, sf_options.shard_layout or "
+                                 "sf_set_shard_layout to flat or parameter before the buckets "
+                                 "are built)");
+}
+
+void Reducer::addParameter(int64_t id, void* hostData, int64_t numel, sf_dtype dtype,
+                           sf_device device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requireSharded("sf_register_parameter");
+  if (built()) {
+    fail(SF_ERR_INVALID_STATE, "the buckets are already built; register every parameter before "
+                               "that");
+  }
+  Gradient& g = grads_[size_t(id)];
+  std::ostringstream m;
+  if (g.hasParam) {
+    m << "id = " << id << ": gradient '" << g.name << "' already has a parameter";
+  } else if (numel != g.numel) {
+    m << "numel = " << numel << " differs from gradient " << id << " ('" << g.name
+      << "'), which has numel = " << g.numel;
+  } else if (dtype != g.dtype) {
+    m << "dtype = " << dtype << " (" << (dtypeValid(dtype) ? dtypeName(dtype) : "not an sf_dtype")
+      << ") differs from gradient " << id << " ('" << g.name << "'), which is "
+      << dtypeName(g.dtype);
+  } else if (device != g.device) {
+    m << "device = " << device << " differs from gradient " << id << " ('" << g.name
+      << "'), which is on " << deviceName(g.device) << " (" << g.device << ")";
+  } else {
+    g.hasParam = true;
+    g.paramOwned = hostData == nullptr;
+    g.param = hostData;
+    return;
+  }
+  fail(SF_ERR_INVALID_ARGUMENT, m.str());
+}
+
+void* Reducer::parameterData(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requireSharded("sf_parameter_data");
+  buildLocked();  // every gradient has a parameter once built
+  return grads_[size_t(id)].param;
+}
+
+ShardRange Reducer::shardRange(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  buildLocked();
+  const Gradient& g = grads_[size_t(id)];
+  const Bucket& b = buckets_[size_t(g.bucket)];
+  return ownedRange(b.layout, g.offset, g.numel, ownSegment(b));
+}
+
+int64_t Reducer::gradientBucket(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  buildLocked();
+  return grads_[size_t(id)].bucket;
+}
+
+int64_t Reducer::bucketCount() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  buildLocked();
+  return int64_t(buckets_.size());
+}
+
+void Reducer::checkBucketIndex(int64_t bucket, const char* what) const {
+  if (bucket >= 0 && bucket < int64_t(buckets_.size())) return;
+  fail(SF_ERR_INVALID_ARGUMENT, std::string(what) + ": bucket = " + std::to_string(bucket) +
+                                    " is not a bucket (0.." +
+                                    std::to_string(int64_t(buckets_.size()) - 1) + ")");
+}
+
+void Reducer::synchronizeStart(int64_t window) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  throwIfFailed();
+  buildLocked();
+  openPassLocked();
+  window_ = window;
+  while (nextToStart_ < buckets_.size()) {
+    start(buckets_[nextToStart_], false);
+    ++nextToStart_;
+  }
+}
+
+void Reducer::waitBucketLocked(Bucket& b) {
+  const int64_t index = int64_t(&b - buckets_.data());
+  try {
+    b.work->wait();
+  } catch (const Error& e) {
+    b.work.reset();
+    failWith(e.status(), e.what());
+  }
+  b.work.reset();
+  if (b.staged) {
+    // Sharded: only this rank's part holds reduced values; copy that back.
+    try {
+      for (int64_t id : b.plan->grads) {
+        Gradient& g = grads_[size_t(id)];
+        copyFromStaging(b, g, ownedRange(b.layout, g.offset, g.numel, ownSegment(b)));
+      }
+    } catch (const Error& e) {
+      failWith(e.status(), e.what());
+    }
+  }
+  b.reduced = true;
+  if (trace_) trace_->instant(0, "finish", "\"bucket\":" + std::to_string(index));
+}
+
+void Reducer::waitBucket(int64_t bucket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  throwIfFailed();
+  buildLocked();
+  checkBucketIndex(bucket, "sf_wait_bucket");
+  Bucket& b = buckets_[size_t(bucket)];
+  if (b.reduced && !b.work) return;  // waiting twice is free
+  if (!b.work) {
+    fail(SF_ERR_INVALID_STATE, "sf_wait_bucket: bucket " + std::to_string(bucket) +
+                                   " was not started in this window (start it with "
+                                   "sf_synchronize_start, or let sf_grad_ready complete it)");
+  }
+  waitBucketLocked(b);
+}
+
+void Reducer::startGatherLocked(Bucket& b) {
+  const sf_dtype dtype = b.plan->dtype;
+  const size_t esize = dtypeSize(dtype);
+  const int64_t index = int64_t(&b - buckets_.data());
+  MemoryOps& memory = memoryFor(b.plan->device);
+  try {
+    // Host-owned parameters: this rank's stepped part into the bucket.
+    for (int64_t id : b.plan->grads) {
+      const Gradient& g = grads_[size_t(id)];
+      if (g.paramOwned) continue;
+      const ShardRange r = ownedRange(b.layout, g.offset, g.numel, ownSegment(b));
+      if (r.count == 0) continue;
+      memory.copy(b.params + size_t(g.offset + r.offset) * esize,
+                  static_cast<const char*>(g.param) + size_t(r.offset) * esize,
+                  size_t(r.count) * esize);
+    }
+    ReduceSpec spec;
+    spec.bucket = index;
+    spec.trace = trace_;
+    b.gather = backendFor_(b.plan->device).startAllgather(b.params, b.layout.shardElems, dtype, spec);
+  } catch (const Error& e) {
+    failWith(e.status(), e.what());
+  }
+  b.gatherStarted = true;
+  ++counters_.allGathers;
+  counters_.bytesGathered += b.plan->bytes;
+  if (trace_) {
+    trace_->instant(0, "gather", "\"bucket\":" + std::to_string(index) + ",\"bytes\":" +
+                                     std::to_string(b.plan->bytes));
+  }
+}
+
+void Reducer::waitGatherLocked(Bucket& b) {
+  if (!b.gather) return;  // waited already
+  try {
+    b.gather->wait();
+  } catch (const Error& e) {
+    b.gather.reset();
+    failWith(e.status(), e.what());
+  }
+  b.gather.reset();
+  const size_t esize = dtypeSize(b.plan->dtype);
+  MemoryOps& memory = memoryFor(b.plan->device);
+  try {
+    for (int64_t id : b.plan->grads) {
+      Gradient& g = grads_[size_t(id)];
+      if (g.paramOwned) continue;
+      memory.copy(g.param, b.params + size_t(g.offset) * esize, size_t(g.bytes()));
+    }
+  } catch (const Error& e) {
+    failWith(e.status(), e.what());
+  }
+  if (trace_) {
+    trace_->instant(0, "gathered", "\"bucket\":" + std::to_string(&b - buckets_.data()));
+  }
+}
+
+void Reducer::startGather(int64_t bucket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requireSharded("sf_start_gather");
+  throwIfFailed();
+  buildLocked();
+  if (bucket != -1) checkBucketIndex(bucket, "sf_start_gather");
+  // Every bucket asked for is checked before any starts: a refused call
+  // starts nothing, on every rank alike.
+  auto check = [&](int64_t i) {
+    const Bucket& b = buckets_[size_t(i)];
+    if (!b.reduced) {
+      fail(SF_ERR_INVALID_STATE,
+           "sf_start_gather: bucket " + std::to_string(i) +
+               " has not completed its reduction of this window (gathering before "
+               "synchronization: call sf_synchronize or sf_wait_bucket, then step, then gather)");
+    }
+  };
+  if (bucket >= 0) {
+    check(bucket);
+    if (buckets_[size_t(bucket)].gatherStarted) {
+      fail(SF_ERR_INVALID_STATE, "sf_start_gather: bucket " + std::to_string(bucket) +
+                                     "'s gather was already started in this window");
+    }
+    startGatherLocked(buckets_[size_t(bucket)]);
+    return;
+  }
+  for (int64_t i = int64_t(buckets_.size()) - 1; i >= 0; --i) {
+    if (!buckets_[size_t(i)].gatherStarted) check(i);
+  }
+  for (int64_t i = int64_t(buckets_.size()) - 1; i >= 0; --i) {  // forward order
+    if (!buckets_[size_t(i)].gatherStarted) startGatherLocked(buckets_[size_t(i)]);
+  }
+}
+
+void Reducer::waitGather(int64_t bucket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requireSharded("sf_wait_gather");
+  throwIfFailed();
+  buildLocked();
+  if (bucket == -1) {
+    for (int64_t i = int64_t(buckets_.size()) - 1; i >= 0; --i) {
+      if (buckets_[size_t(i)].gatherStarted) waitGatherLocked(buckets_[size_t(i)]);
+    }
+    return;
+  }
+  checkBucketIndex(bucket, "sf_wait_gather");
+  Bucket& b = buckets_[size_t(bucket)];
+  if (!b.gatherStarted) {
+    fail(SF_ERR_INVALID_STATE, "sf_wait_gather: bucket " + std::to_string(bucket) +
+                                   "'s gather was never started in this window (sf_start_gather)");
+  }
+  waitGatherLocked(b);
 }
 
 }  // namespace sfsync

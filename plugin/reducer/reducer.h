@@ -6,6 +6,15 @@
 // It knows nothing of windows but their number, which the Context passes in
 // and the reducer checks across ranks inside one bucket's collective (no
 // extra collective); the Context decides when it may communicate.
+//
+// Two modes behind the same buckets (since 0.3): all-reduce (every rank
+// receives every reduced gradient) and sharded (each bucket reduce-scattered,
+// each rank owning one segment, parameters all-gathered after the host's
+// step). Both share one picture of a bucket (shard_plan.h: the unsharded
+// layout is one segment); start() is the one place that picks the collective.
+// Sharded contexts also own the parameters' buffers (a flat parameter buffer
+// laid out as the logical bucket layout, host-owned parameters copied in and
+// out of it around a gather).
 
 #include <atomic>
 #include <cstdint>
@@ -20,6 +29,7 @@
 #include "plugin/core/dtype.h"
 #include "plugin/core/tracer.h"
 #include "plugin/reducer/bucket_plan.h"
+#include "plugin/reducer/shard_plan.h"
 #include "sfsync.h"
 
 namespace sfsync {
@@ -33,6 +43,9 @@ struct ReducerCounters {
   int64_t collectives = 0;
   int64_t earlyLaunches = 0;
   int64_t bytesReduced = 0;
+  int64_t reduceScatters = 0;  // since 0.3: of the collectives
+  int64_t allGathers = 0;
+  int64_t bytesGathered = 0;
 };
 
 class Reducer {
@@ -67,6 +80,29 @@ class Reducer {
   // SF_ERR_MISMATCH on every rank if the ranks' window numbers differ.
   void synchronize(int64_t window);
   bool inFlight() const;
+  // ---- Since 0.3: sharded windows and per-bucket completion -------------
+  // Until built(); SF_ERR_INVALID_STATE after.
+  void setShardLayout(sf_shard_layout layout);
+  sf_shard_layout shardLayout() const { return shard_; }
+  // The parameter of gradient `id` (hostData NULL: plugin-owned). The caller
+  // has checked id; checks the layout, the state and the match.
+  void addParameter(int64_t id, void* hostData, int64_t numel, sf_dtype dtype, sf_device device);
+  void* parameterData(int64_t id);
+  ShardRange shardRange(int64_t id);
+  int64_t gradientBucket(int64_t id);
+  int64_t bucketCount();
+  // A new window begins (sf_begin_accumulation): the last one's reductions
+  // stop counting as this window's. markReady and the synchronizations open
+  // a pass themselves.
+  void openPass();
+  // Start every bucket not yet started (sf_synchronize_start).
+  void synchronizeStart(int64_t window);
+  // Wait for one bucket's reduction and put its results in place.
+  void waitBucket(int64_t bucket);
+  // Parameter gathers; bucket -1: all (forward order: the last bucket first).
+  void startGather(int64_t bucket);
+  void waitGather(int64_t bucket);
+
   // Wait for whatever is in flight, swallowing errors; false if the reducer
   // has failed (its peers may be gone). Never throws.
   bool quiesce() noexcept;
@@ -94,8 +130,11 @@ class Reducer {
     std::string name;
     bool owned;  // storage in flat_
     int64_t bucket = -1;
-    int64_t offset = 0;  // elements from the start of the bucket
+    int64_t offset = 0;  // logical elements from the start of the bucket (shard_plan.h)
     bool ready = false;
+    void* param = nullptr;    // sharded: the parameter (host pointer or view into flatParams_)
+    bool hasParam = false;
+    bool paramOwned = false;  // storage in flatParams_
     int64_t bytes() const { return numel * int64_t(dtypeSize(dtype)); }
   };
 
@@ -107,9 +146,25 @@ class Reducer {
     int64_t numel = 0;                // gradient elements (without the control elements)
     int64_t pending = 0;              // gradients not yet ready this pass
     std::unique_ptr<Work> work;       // set while in flight
+    ShardLayout layout;               // segments, control slots, the gradients' offsets
+    char* params = nullptr;           // sharded: the bucket's slice of flatParams_
+    bool reduced = false;             // this window's reduction waited for and in place
+    bool gatherStarted = false;       // this window's gather started
+    std::unique_ptr<Work> gather;     // set while the gather is in flight
   };
 
   void buildLocked();                  // mutex_ held
+  bool sharded() const { return shard_ != SF_SHARD_NONE; }
+  int64_t ownSegment(const Bucket& b) const { return b.layout.world > 1 ? opts_.rank : 0; }
+  void waitBucketLocked(Bucket& b);    // wait, copy back, mark reduced
+  void openPassLocked();
+  void startGatherLocked(Bucket& b);
+  void waitGatherLocked(Bucket& b);
+  void checkBucketIndex(int64_t bucket, const char* what) const;
+  void requireSharded(const char* what) const;
+  // Staging copies of one gradient, run by run around the control slots.
+  void copyToStaging(const Bucket& b, const Gradient& g);
+  void copyFromStaging(const Bucket& b, Gradient& g, ShardRange range);
   void startReadyBuckets(bool early);  // mutex_ held
   void start(Bucket& b, bool early);   // mutex_ held
   void verifyLayout(Backend& backend);
@@ -135,6 +190,8 @@ class Reducer {
   std::vector<PlannedBucket> plan_;
   std::vector<Bucket> buckets_;
   std::map<sf_device, char*> flat_;  // plugin-owned gradients, bucket by bucket, per device
+  std::map<sf_device, char*> flatParams_;  // sharded: every bucket's parameters, per device
+  sf_shard_layout shard_;
   std::atomic<bool> built_{false};
   bool verified_ = false;
 
@@ -148,6 +205,7 @@ class Reducer {
 
   mutable std::mutex mutex_;
   size_t nextToStart_ = 0;
+  bool passOpen_ = false;  // a pass (window) started since the last synchronize
   ReducerCounters counters_;
   sf_status failedStatus_ = SF_OK;
   std::string failedMessage_;

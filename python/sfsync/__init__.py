@@ -78,6 +78,10 @@ BACKEND_AUTO = 0
 BACKEND_GLOO = 1
 BACKEND_NCCL = 2
 
+SHARD_NONE = 0       # since 0.3
+SHARD_FLAT = 1
+SHARD_PARAMETER = 2
+
 RENDEZVOUS_MAX = 256
 
 LOG_NONE = 0
@@ -210,13 +214,15 @@ class Options(ctypes.Structure):
         ("rendezvous", ctypes.c_char * RENDEZVOUS_MAX),
         ("max_inflight", ctypes.c_int32),  # since 0.2
         ("wire_dtype", ctypes.c_int32),    # since 0.2
+        ("shard_layout", ctypes.c_int32),  # since 0.3
+        ("reserved1", ctypes.c_int32),     # since 0.3
     ]
 
     def to_dict(self):
         """Every field but struct_size and reserved0; rendezvous as str."""
         out = {}
         for name, _ in self._fields_:
-            if name in ("struct_size", "reserved0"):
+            if name in ("struct_size", "reserved0", "reserved1"):
                 continue
             value = getattr(self, name)
             out[name] = value.decode() if isinstance(value, bytes) else value
@@ -241,6 +247,9 @@ class Stats(ctypes.Structure):
         ("gradient_count", ctypes.c_int64),
         ("gradient_bytes", ctypes.c_int64),
         ("sync_ns_total", ctypes.c_int64),
+        ("reduce_scatters", ctypes.c_int64),  # since 0.3
+        ("all_gathers", ctypes.c_int64),      # since 0.3
+        ("bytes_gathered", ctypes.c_int64),   # since 0.3
     ]
 
     def to_dict(self):
@@ -327,11 +336,29 @@ _PROTOTYPES = {
     "sf_digest": (_STATUS, [_c.c_void_p, _c.c_uint64, _c.c_uint64, _c.POINTER(_c.c_uint64)]),
     "sf_digest_gradients": (_STATUS, [_ContextPtr, _c.POINTER(_c.c_uint64)]),
     "sf_check_replicas": (_STATUS, [_ContextPtr, _c.c_uint64]),
+    # Since 0.3
+    "sf_set_shard_layout": (_STATUS, [_ContextPtr, _c.c_int32]),
+    "sf_register_parameter": (_STATUS, [_ContextPtr, _c.c_int64, _c.c_void_p, _c.c_int64,
+                                        _c.c_int32, _c.c_int32]),
+    "sf_parameter_data": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_void_p)]),
+    "sf_shard_range": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_int64),
+                                 _c.POINTER(_c.c_int64)]),
+    "sf_gradient_bucket": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_int64)]),
+    "sf_synchronize_start": (_STATUS, [_ContextPtr]),
+    "sf_wait_bucket": (_STATUS, [_ContextPtr, _c.c_int64]),
+    "sf_start_gather": (_STATUS, [_ContextPtr, _c.c_int64]),
+    "sf_wait_gather": (_STATUS, [_ContextPtr, _c.c_int64]),
+    "sf_gather_parameters": (_STATUS, [_ContextPtr]),
+    "sf_allreduce_float64": (_STATUS, [_ContextPtr, _c.POINTER(_c.c_double), _c.c_int64]),
 }
 #: Functions added in 0.2: a 0.1 library (same ABI version) lacks them; they
 #: then raise UnsupportedError when called instead of failing the load.
 SINCE_0_2 = ("sf_log_level", "sf_log", "sf_store_init", "sf_set_store", "sf_connect",
              "sf_broadcast", "sf_digest", "sf_digest_gradients", "sf_check_replicas")
+#: Functions added in 0.3: missing from a 0.2 library, handled the same way.
+SINCE_0_3 = ("sf_set_shard_layout", "sf_register_parameter", "sf_parameter_data",
+             "sf_shard_range", "sf_gradient_bucket", "sf_synchronize_start", "sf_wait_bucket",
+             "sf_start_gather", "sf_wait_gather", "sf_gather_parameters", "sf_allreduce_float64")
 #: The names of the bound functions (the ABI: tests compare with the header).
 FUNCTIONS = tuple(sorted(_PROTOTYPES))
 
@@ -406,7 +433,7 @@ def _bind(dll):
         try:
             fn = getattr(dll, name)
         except AttributeError:
-            if name in SINCE_0_2:
+            if name in SINCE_0_2 or name in SINCE_0_3:
                 setattr(dll, name, _Missing(name, dll._name))
                 continue
             raise LibraryLoadError("%s does not export %s: it is older than this binding (ABI %d)"

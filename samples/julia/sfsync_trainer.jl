@@ -46,7 +46,7 @@ const SF_DTYPE_FLOAT64 = Int32(1)
 const SF_DEVICE_HOST = Int32(0)
 const SF_RENDEZVOUS_MAX = 256
 
-# Mirror of sf_options (version 1 and the fields 0.2 appends). Filled by sf_options_init with
+# Mirror of sf_options (version 1 and the fields 0.2 and 0.3 append). Filled by sf_options_init with
 # sizeof(SfOptions); never initialized field by field by hand.
 struct SfOptions
     struct_size::UInt64
@@ -63,9 +63,11 @@ struct SfOptions
     rendezvous::NTuple{SF_RENDEZVOUS_MAX,UInt8}
     max_inflight::Int32     # since 0.2
     wire_dtype::Int32       # since 0.2 (an sf_dtype)
+    shard_layout::Int32     # since 0.3 (an sf_shard_layout)
+    reserved1::Int32        # since 0.3
 end
 
-# Mirror of sf_stats (version 1).
+# Mirror of sf_stats (version 1 and the fields 0.3 appends).
 struct SfStats
     struct_size::UInt64
     windows_begun::Int64
@@ -81,11 +83,15 @@ struct SfStats
     gradient_count::Int64
     gradient_bytes::Int64
     sync_ns_total::Int64
+    reduce_scatters::Int64  # since 0.3
+    all_gathers::Int64      # since 0.3
+    bytes_gathered::Int64   # since 0.3
 end
 
-# The version-1 sizes on LP64 (8 + 6*4 + 3*8 + 8 + 256 and 8 + 13*8).
-@assert sizeof(SfOptions) == 320 "SfOptions is $(sizeof(SfOptions)) bytes, sf_options is 320"
-@assert sizeof(SfStats) == 112 "SfStats is $(sizeof(SfStats)) bytes, sf_stats is 112"
+# The 0.3 sizes on LP64 (version 1: 8 + 6*4 + 3*8 + 8 + 256 = 320 and 8 + 13*8 = 112;
+# 0.2 appends 2 x 4 bytes to sf_options, 0.3 another 2 x 4 and 3 x 8 to sf_stats).
+@assert sizeof(SfOptions) == 336 "SfOptions is $(sizeof(SfOptions)) bytes, sf_options is 336"
+@assert sizeof(SfStats) == 136 "SfStats is $(sizeof(SfStats)) bytes, sf_stats is 136"
 @assert fieldoffset(SfOptions, 12) == 64   # rendezvous
 @assert fieldoffset(SfStats, 8) == 56      # bytes_reduced
 

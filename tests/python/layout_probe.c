@@ -25,6 +25,8 @@ int main(void) {
   FIELD(sf_options, rendezvous);
   FIELD(sf_options, max_inflight);
   FIELD(sf_options, wire_dtype);
+  FIELD(sf_options, shard_layout);
+  FIELD(sf_options, reserved1);
   first = 1;
   printf("}}, \"sf_stats\": {\"size\": %zu, \"fields\": {", sizeof(sf_stats));
   FIELD(sf_stats, struct_size);
@@ -41,6 +43,9 @@ int main(void) {
   FIELD(sf_stats, gradient_count);
   FIELD(sf_stats, gradient_bytes);
   FIELD(sf_stats, sync_ns_total);
+  FIELD(sf_stats, reduce_scatters);
+  FIELD(sf_stats, all_gathers);
+  FIELD(sf_stats, bytes_gathered);
   first = 1;
   printf("}}, \"sf_store\": {\"size\": %zu, \"fields\": {", sizeof(sf_store));
   FIELD(sf_store, struct_size);

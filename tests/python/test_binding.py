@@ -60,6 +60,7 @@ class HeaderCoverage(unittest.TestCase):
         c = ctypes
         scalar = {"int32_t": c.c_int32, "sf_status": c.c_int32, "sf_dtype": c.c_int32,
                   "sf_device": c.c_int32, "sf_backend": c.c_int32, "sf_reduce_op": c.c_int32,
+                  "sf_shard_layout": c.c_int32,
                   "int64_t": c.c_int64, "uint64_t": c.c_uint64, "double": c.c_double,
                   "void": None}
         pointers = {"void*": c.c_void_p, "const void*": c.c_void_p, "const char*": c.c_char_p,
@@ -70,6 +71,7 @@ class HeaderCoverage(unittest.TestCase):
                     "sf_stats*": c.POINTER(sfsync.Stats), "sf_store*": c.POINTER(sfsync.Store),
                     "const sf_store*": c.POINTER(sfsync.Store),
                     "int64_t*": c.POINTER(c.c_int64), "uint64_t*": c.POINTER(c.c_uint64),
+                    "double*": c.POINTER(c.c_double),
                     "void**": c.POINTER(c.c_void_p), "sf_dtype*": c.POINTER(c.c_int32)}
 
         def ctype(decl):
@@ -522,7 +524,8 @@ class StatsAndBuffers(unittest.TestCase):
                                       "deferred_ready_calls", "collectives_issued",
                                       "early_launches", "bytes_reduced", "bucket_count",
                                       "largest_bucket_bytes", "smallest_bucket_bytes",
-                                      "gradient_count", "gradient_bytes", "sync_ns_total"})
+                                      "gradient_count", "gradient_bytes", "sync_ns_total",
+                                      "reduce_scatters", "all_gathers", "bytes_gathered"})
             self.assertTrue(all(isinstance(v, int) for v in s.values()))
             self.assertEqual(s["bucket_count"], 0)  # not built yet
             self.assertEqual((s["gradient_count"], s["gradient_bytes"]), (3, 12000))

@@ -1,0 +1,72 @@
+#pragma once
+// Shard planning: where each gradient of a bucket lies in the bucket's
+// buffers and which part of it each rank owns. Pure function of one planned
+// bucket, the gradients' sizes, the world size and the layout; no memory, no
+// communication. The unsharded (all-reduce) layout is the same description
+// with one segment, so the reducer has one picture for both modes.
+//
+// Coordinates. A bucket has W segments of `shardElems` (U) elements in its
+// logical layout: rank r owns logical elements [r*U, (r+1)*U). The parameter
+// buffer of a bucket is exactly the logical layout (W*U elements; a gather
+// moves segment r from rank r to every rank). The gradient buffer adds
+// `controlElems` elements after every segment for the window check: its
+// segments are `segmentElems` (S = U + controlElems) long, and logical
+// element l sits at physical (l / U) * S + l % U (with no control elements
+// the two coincide).
+//
+// Rules:
+//  - SF_SHARD_NONE: one segment (W = 1 in this picture) holding the
+//    gradients contiguous, U = their sum, control = 2 elements directly
+//    after them (as 0.2): every rank owns everything.
+//  - sharded layouts: U is a multiple of the elements in 64 bytes (so every
+//    segment of both buffers starts 64-byte aligned when the bucket does),
+//    and the control slot, when there is one, is 64 bytes;
+//  - SF_SHARD_FLAT: the gradients contiguous from logical 0, U the smallest
+//    aligned size with W*U >= their sum (the padding at the end);
+//  - SF_SHARD_PARAMETER: the gradients, in bucket order, cut into W
+//    contiguous groups whose largest is as small as possible (balanced by
+//    bytes: one dtype per bucket), group r from logical r*U, U the aligned
+//    size of the largest group; trailing groups may be empty.
+
+#include <cstdint>
+#include <vector>
+
+#include "sfsync.h"
+
+namespace sfsync {
+
+struct ShardLayout {
+  int64_t world = 1;         // segments (1 for SF_SHARD_NONE)
+  int64_t shardElems = 0;    // U
+  int64_t controlElems = 0;  // per segment of the gradient buffer
+  int64_t segmentElems = 0;  // S = U + controlElems
+  std::vector<int64_t> offsets;  // logical offset of each gradient, in bucket order
+
+  int64_t gradientElems() const { return world * segmentElems; }  // gradient buffer
+  int64_t parameterElems() const { return world * shardElems; }   // parameter buffer
+  int64_t physical(int64_t logical) const {
+    return controlElems == 0 ? logical
+                             : (logical / shardElems) * segmentElems + logical % shardElems;
+  }
+  // Whether [offset, offset + numel) is contiguous in the gradient buffer.
+  bool contiguous(int64_t offset, int64_t numel) const {
+    return controlElems == 0 || offset / shardElems == (offset + numel - 1) / shardElems;
+  }
+};
+
+// Elements [offset, offset + count) of a gradient owned by a rank; count 0: none.
+struct ShardRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
+// `numels`: the bucket's gradients' sizes, in bucket order. `control`: the
+// bucket carries the window check. `elemBytes`: the dtype's size.
+ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, int64_t world,
+                       sf_shard_layout layout, bool control);
+
+// The part of the gradient at logical `offset` with `numel` elements that
+// `rank` owns (rank < layout.world; always the whole gradient for NONE).
+ShardRange ownedRange(const ShardLayout& layout, int64_t offset, int64_t numel, int64_t rank);
+
+}  // namespace sfsync
