@@ -25,9 +25,12 @@ shards (one float32 copy of the shard, none of the whole parameter),
 written back rounded before the gather. After a bucket's shard stepped its
 all-gather starts (sf_start_gather); the next forward's pre-hooks (one per
 module holding parameters) wait for the buckets of that module's parameters
-(sf_wait_gather), so the gather overlaps the forward. Read parameters
-outside a forward (evaluation code that reads ``p`` directly, saving) after
-``opt.wait_parameters()``. The used-parameter mask is not a gradient there
+(sf_wait_gather), so the gather overlaps the forward. A module whose
+forward reads a parameter of another module that is not called (a parent
+using ``self.child.weight`` in its own forward) needs
+``sync.optimizer(..., overlap_gather=False)``: then every gather is waited when
+the model's forward starts. Read parameters outside a forward (evaluation
+code that reads ``p`` directly, saving) after ``opt.wait_parameters()``. The used-parameter mask is not a gradient there
 (it would be sharded): it is summed with one sf_allreduce_float64 after the
 reduce-scatters, so with ``find_unused_parameters=True`` (GradientSync's
 default) the shards step after every bucket is reduced; pass
@@ -89,7 +92,7 @@ class _Slot:
 class SyncOptimizer(torch.optim.Optimizer):
     """See the module docstring. Made by ``GradientSync.optimizer``."""
 
-    def __init__(self, sync, optimizer_class, params, **defaults):
+    def __init__(self, sync, optimizer_class, params, overlap_gather=True, **defaults):
         if not (isinstance(optimizer_class, type) and
                 issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError("sync.optimizer: optimizer_class must be a torch.optim.Optimizer "
@@ -152,7 +155,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.steps = 0
         self._hooks = []
         if self._sharded:
-            self._install_gather_hooks(sync.module)
+            self._install_gather_hooks(sync.module, overlap_gather)
 
     # -- the inner optimizer's groups and state are this one's
 
@@ -198,9 +201,13 @@ class SyncOptimizer(torch.optim.Optimizer):
                 s.tensor = view.detach()
         return s.tensor
 
-    def _install_gather_hooks(self, module):
+    def _install_gather_hooks(self, module, overlap):
         by_param = {id(s.param): s.bucket for s in self._slots}
         me = weakref.ref(self)
+        if not overlap:  # every gather waited when the model's forward starts
+            self._hooks.append(module.register_forward_pre_hook(
+                _gather_hook(me, list(range(self._buckets))[::-1])))
+            return
         for m in module.modules():
             buckets = sorted({by_param[id(p)] for p in m.parameters(recurse=False)
                               if id(p) in by_param}, reverse=True)

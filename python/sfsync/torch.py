@@ -706,13 +706,14 @@ class GradientSync:
             if buffers and self.world_size > 1:
                 _broadcast_tensors(self.context, buffers)
 
-    def optimizer(self, optimizer_class, params, **defaults):
+    def optimizer(self, optimizer_class, params, overlap_gather=True, **defaults):
         """``optimizer_class(params, **defaults)`` stepped bucket by bucket as
         each reduction completes; sharded with ``shard_optimizer=True``. A
         torch.optim.Optimizer (param_groups, state, step, zero_grad,
         state_dict, clip_grad_norm_): see sfsync/optim.py."""
         from sfsync.optim import SyncOptimizer
-        self._optimizer = SyncOptimizer(self, optimizer_class, params, **defaults)
+        self._optimizer = SyncOptimizer(self, optimizer_class, params,
+                                        overlap_gather=overlap_gather, **defaults)
         return self._optimizer
 
     def set_accumulation_steps(self, n):

@@ -53,6 +53,18 @@ def say(rank, text):
     sys.stderr.flush()
 
 
+class Gate(torch.nn.Module):
+    """Adds a bias when called: registered last, so its gradient is in the
+    first bucket, not in the used mask's (the last)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(5))
+
+    def forward(self, out):
+        return out + self.weight
+
+
 class Net(torch.nn.Module):
     def __init__(self, unused=True, dtype=torch.float32):
         super().__init__()
@@ -61,11 +73,18 @@ class Net(torch.nn.Module):
         self.fc2 = torch.nn.Linear(37, 29)
         self.fc3 = torch.nn.Linear(29, 5)
         self.unused_weight = torch.nn.Parameter(torch.randn(11)) if unused else None
+        # used when the data say so: on 2 ranks by rank 0 only in window 0, by
+        # none in window 1 (it has AdamW state by then: DDP's grad None skips
+        # it), by both in window 2 (3 and 4 ranks: likewise mixed)
+        self.gate = Gate() if unused else None
         self.to(dtype)
 
     def forward(self, x):
         h = torch.tanh(self.norm(self.fc1(x)))
-        return self.fc3(torch.tanh(self.fc2(h)))
+        out = self.fc3(torch.tanh(self.fc2(h)))
+        if self.gate is not None and float(x[0, 12]) > 1.0:
+            out = self.gate(out)
+        return out
 
 
 # The ranks of the world size under test: a process group (DDP's) and the
@@ -126,7 +145,7 @@ def reference(rank, clip, unused):
             norms.append(float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)))
         opt.step()
         sched.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=unused)  # (DDP skips a globally unused one only if None)
     return ddp.module, opt, norms
 
 
@@ -188,7 +207,7 @@ def run_sync(rank, world, c, case, layout, clip, unused):
         opt.step()
         unused_none = unused and model.unused_weight.grad is None  # (zero_grad re-attaches it)
         sched.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=unused)
         end = shard.stats(sync.context)
         if layout is not None:
             c.that(end["reduce_scatters"] - before["reduce_scatters"] == buckets and
