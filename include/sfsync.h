@@ -657,9 +657,19 @@ SF_API sf_status sf_check_replicas(sf_context* ctx, uint64_t digest);
  * reduce-scatter per bucket per window, one all-gather per bucket per
  * gathered window, the layout check (it includes the shard layout), the
  * out-of-step check, timeouts. sf_check_replicas over a digest of the
- * gathered parameters is the host's. A begin, grad_ready or synchronize of
- * the next window while gathers are still in flight first waits for them
- * (their buffers are reused).
+ * gathered parameters is the host's. Gathers in flight: sf_begin_accumulation
+ * does not wait for them (nothing is sent inside a window, and a gather
+ * writes the parameters, not the gradients), so the next window's forward
+ * can overlap them: the host waits for each bucket's gather before that
+ * bucket's first use; the next reduction of a bucket (sf_grad_ready,
+ * sf_synchronize_start, sf_synchronize) first completes that bucket's
+ * gather. Sharded buckets travel in their own dtype (wire_dtype does not
+ * apply). Backends: Gloo for host buckets (a ring over unbound buffers;
+ * gathers on a worker of their own), NCCL for CUDA buckets
+ * (ncclReduceScatter / ncclAllGather on the plugin's stream, one order with
+ * the reductions: a CUDA bucket's gather may start only once every bucket's
+ * reduction of the window has started, else SF_ERR_INVALID_STATE), the
+ * identity at world size 1.
  */
 typedef int32_t sf_shard_layout;
 #define SF_SHARD_NONE 0      /* every rank receives every reduced gradient (all-reduce): as 0.2 */

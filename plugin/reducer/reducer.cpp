@@ -853,6 +853,16 @@ void Reducer::startGather(int64_t bucket) {
   // starts nothing, on every rank alike.
   auto check = [&](int64_t i) {
     const Bucket& b = buckets_[size_t(i)];
+    if (b.plan->device != SF_DEVICE_HOST && passOpen_ && nextToStart_ < buckets_.size()) {
+      // NCCL matches collectives by issue order on one communicator: a
+      // gather may not come between reductions that ranks start at
+      // different points (grad-ready hooks).
+      fail(SF_ERR_INVALID_STATE,
+           "sf_start_gather: bucket " + std::to_string(i) +
+               " is on a CUDA device and bucket " + std::to_string(nextToStart_) +
+               "'s reduction has not started yet: start gathers of CUDA buckets after every "
+               "bucket's reduction started (sf_synchronize_start or sf_synchronize)");
+    }
     if (!b.reduced) {
       fail(SF_ERR_INVALID_STATE,
            "sf_start_gather: bucket " + std::to_string(i) +

@@ -6,7 +6,14 @@
  * bucket) with their bytes, and at the end the largest difference between its
  * weights and a single-process reference that sums the same micro-batches.
  *
+ * With --shard flat|parameter (sharded windows, since 0.3) each bucket is
+ * reduce-scattered: the trainer waits for each bucket in turn, steps only the
+ * part of the weights this rank owns (sf_shard_range), starts that bucket's
+ * parameter gather at once, and waits for each bucket's gather (forward
+ * order) just before the next window's forward needs the weights.
+ *
  *   build/plugin/tools/sfsync-run -n 2 -- build/samples/c/sfsync-c-trainer
+ *   build/plugin/tools/sfsync-run -n 3 -- build/samples/c/sfsync-c-trainer --shard flat
  *
  * Exit status: 0 ok, 1 weights differ from the reference, 2 wrong collective
  * counts or bytes, 3 an sfsync call failed, 4 bad command line.
@@ -29,6 +36,7 @@ typedef struct args {
   int host_buffers;            /* register own buffers instead of the flat buffer */
   int grad_ready;              /* report grad-ready in the last micro-batch */
   int die_at_window;           /* rank 1 kills itself before that window's sync; -1 never */
+  sf_shard_layout shard;       /* --shard: SF_SHARD_NONE (default), FLAT or PARAMETER */
   int quiet;
   toy_model model;
 } args;
@@ -38,7 +46,8 @@ static int usage(const char* msg) {
           "sfsync-c-trainer: %s\n"
           "usage: sfsync-c-trainer [--windows W] [--micro N | --schedule N1,N2,...]\n"
           "         [--blocks B] [--rows R] [--in I] [--batch S] [--cap-mb X] [--first-cap-mb Y]\n"
-          "         [--host-buffers] [--no-grad-ready] [--die-at-window K] [--quiet]\n",
+          "         [--host-buffers] [--no-grad-ready] [--die-at-window K] [--quiet]\n"
+          "         [--shard none|flat|parameter]\n",
           msg);
   return 4;
 }
@@ -63,6 +72,7 @@ static int parse(int argc, char** argv, args* a) {
   a->host_buffers = 0;
   a->grad_ready = 1;
   a->die_at_window = -1;
+  a->shard = SF_SHARD_NONE;
   a->quiet = 0;
   a->model.in = 32;
   a->model.rows = 16;
@@ -91,6 +101,14 @@ static int parse(int argc, char** argv, args* a) {
     if (!strcmp(k, "--host-buffers")) { a->host_buffers = 1; continue; }
     if (!strcmp(k, "--no-grad-ready")) { a->grad_ready = 0; continue; }
     if (!strcmp(k, "--quiet")) { a->quiet = 1; continue; }
+    if (!strcmp(k, "--shard") && v) {
+      if (!strcmp(v, "none")) a->shard = SF_SHARD_NONE;
+      else if (!strcmp(v, "flat")) a->shard = SF_SHARD_FLAT;
+      else if (!strcmp(v, "parameter")) a->shard = SF_SHARD_PARAMETER;
+      else return usage("--shard is none, flat or parameter");
+      ++i;
+      continue;
+    }
     return usage(k);
   }
   if (a->windows > MAX_WINDOWS) return usage("--windows is at most 256");
@@ -112,6 +130,11 @@ static int parse(int argc, char** argv, args* a) {
   return 0;
 }
 
+/* params -= lr * grads over [offset, offset + count) of one tensor. */
+static void sgd_range(float* param, const float* grad, int64_t offset, int64_t count, float lr) {
+  for (int64_t i = offset; i < offset + count; ++i) param[i] -= lr * grad[i];
+}
+
 static sf_stats stats_of(sf_context* ctx) {
   sf_stats s;
   memset(&s, 0, sizeof s);
@@ -131,6 +154,10 @@ int main(int argc, char** argv) {
   float** params = calloc((size_t)np, sizeof(float*));
   float** grads = calloc((size_t)np, sizeof(float*));
   float** ref = calloc((size_t)np, sizeof(float*));
+  int64_t* bucket_of = calloc((size_t)np, sizeof(int64_t));
+  int64_t* own_offset = calloc((size_t)np, sizeof(int64_t));
+  int64_t* own_count = calloc((size_t)np, sizeof(int64_t));
+  int64_t owned = 0;
   int counts_ok = 1;
   double max_diff = 0;
   const double tolerance = 1e-5;
@@ -143,13 +170,18 @@ int main(int argc, char** argv) {
   rank = opts.rank;
   if (a.cap_mb > 0) opts.bucket_cap_mb = a.cap_mb;
   if (a.first_cap_mb > 0) opts.first_bucket_cap_mb = a.first_cap_mb;
+  if (a.shard != SF_SHARD_NONE) opts.shard_layout = a.shard;
   CHECK(sf_create(&opts, &ctx));
 
   for (int p = 0; p < np; ++p) {
     char name[32];
     int64_t id;
     snprintf(name, sizeof name, p < m->blocks ? "W%d" : "bias", p);
-    params[p] = malloc(sizeof(float) * (size_t)toy_param_numel(m, p));
+    /* Sharded with the flat buffer: the weights are views into the plugin's
+       flat parameter buffer (gathers copy nothing), set after the build. */
+    if (a.shard == SF_SHARD_NONE || a.host_buffers) {
+      params[p] = malloc(sizeof(float) * (size_t)toy_param_numel(m, p));
+    }
     if (a.host_buffers) {
       grads[p] = calloc((size_t)toy_param_numel(m, p), sizeof(float));
       CHECK(sf_register_gradient(ctx, grads[p], toy_param_numel(m, p), SF_DTYPE_FLOAT32,
@@ -157,21 +189,40 @@ int main(int argc, char** argv) {
     } else {
       CHECK(sf_add_gradient(ctx, toy_param_numel(m, p), SF_DTYPE_FLOAT32, SF_DEVICE_HOST, name, &id));
     }
+    if (a.shard != SF_SHARD_NONE) {
+      CHECK(sf_register_parameter(ctx, id, a.host_buffers ? params[p] : NULL,
+                                  toy_param_numel(m, p), SF_DTYPE_FLOAT32, SF_DEVICE_HOST));
+    }
   }
   CHECK(sf_build_buckets(ctx));
-  if (!a.host_buffers) {
-    for (int p = 0; p < np; ++p) CHECK(sf_gradient_data(ctx, p, (void**)&grads[p]));
+  for (int p = 0; p < np; ++p) {
+    if (!a.host_buffers) CHECK(sf_gradient_data(ctx, p, (void**)&grads[p]));
+    if (a.shard != SF_SHARD_NONE && !a.host_buffers) CHECK(sf_parameter_data(ctx, p, (void**)&params[p]));
+    CHECK(sf_gradient_bucket(ctx, p, &bucket_of[p]));
+    CHECK(sf_shard_range(ctx, p, &own_offset[p], &own_count[p]));
+    owned += own_count[p];
   }
   toy_init_params(m, params);
   s0 = stats_of(ctx);
   if (rank == 0) {
-    printf("sfsync %s: %d ranks, %d gradients (%lld bytes) in %lld buckets, %s\n",
+    printf("sfsync %s: %d ranks, %d gradients (%lld bytes) in %lld buckets, %s%s\n",
            sf_version_string(), opts.world_size, np, (long long)s0.gradient_bytes,
-           (long long)s0.bucket_count, a.host_buffers ? "host buffers" : "flat buffer");
+           (long long)s0.bucket_count, a.host_buffers ? "host buffers" : "flat buffer",
+           a.shard == SF_SHARD_FLAT        ? ", sharded (flat)"
+           : a.shard == SF_SHARD_PARAMETER ? ", sharded (parameter)"
+                                           : "");
+  }
+  if (a.shard != SF_SHARD_NONE && !a.quiet) {
+    printf("rank %d owns %lld of the weights\n", rank, (long long)owned);
   }
 
   for (int w = 0; w < a.windows; ++w) {
     const int n = a.micro[w];
+    if (a.shard != SF_SHARD_NONE && w > 0) {
+      /* The next forward's pre-hooks: each bucket's weights before first use,
+         the first layers (the last bucket) first. */
+      for (int64_t b = s0.bucket_count - 1; b >= 0; --b) CHECK(sf_wait_gather(ctx, b));
+    }
     CHECK(sf_zero_gradients(ctx));
     const sf_stats before = stats_of(ctx);
     double loss = 0;
@@ -194,12 +245,32 @@ int main(int argc, char** argv) {
       fflush(stderr);
       raise(SIGKILL);
     }
-    CHECK(sf_synchronize(ctx));
+    if (a.shard == SF_SHARD_NONE) {
+      CHECK(sf_synchronize(ctx));
+    } else {
+      /* Per bucket: wait for its reduce-scatter, step this rank's part, start
+         its gather at once; sf_synchronize then checks and counts the window. */
+      CHECK(sf_synchronize_start(ctx));
+      for (int64_t b = 0; b < s0.bucket_count; ++b) {
+        CHECK(sf_wait_bucket(ctx, b));
+        for (int p = 0; p < np; ++p) {
+          if (bucket_of[p] == b) sgd_range(params[p], grads[p], own_offset[p], own_count[p], lr);
+        }
+        CHECK(sf_start_gather(ctx, b));
+      }
+      CHECK(sf_synchronize(ctx));
+    }
     const sf_stats after = stats_of(ctx);
     const long long in_window = inside.collectives_issued - before.collectives_issued;
     const long long at_sync = after.collectives_issued - inside.collectives_issued;
     const long long bytes = after.bytes_reduced - before.bytes_reduced;
     if (in_window != 0 || at_sync != after.bucket_count || bytes != after.gradient_bytes) {
+      counts_ok = 0;
+    }
+    if (a.shard != SF_SHARD_NONE &&
+        (after.reduce_scatters - before.reduce_scatters != after.bucket_count ||
+         after.all_gathers - before.all_gathers != after.bucket_count ||
+         after.bytes_gathered - before.bytes_gathered != after.gradient_bytes)) {
       counts_ok = 0;
     }
     if (!a.quiet) {
@@ -208,8 +279,9 @@ int main(int argc, char** argv) {
              w, n, loss / n, in_window, at_sync, (long long)(after.early_launches - before.early_launches),
              bytes);
     }
-    toy_sgd_step(m, params, grads, lr);
+    if (a.shard == SF_SHARD_NONE) toy_sgd_step(m, params, grads, lr);
   }
+  if (a.shard != SF_SHARD_NONE) CHECK(sf_wait_gather(ctx, -1)); /* the last window's */
 
   for (int p = 0; p < np; ++p) ref[p] = malloc(sizeof(float) * (size_t)toy_param_numel(m, p));
   toy_reference(m, opts.world_size, a.windows, a.micro, lr, ref);
@@ -221,22 +293,27 @@ int main(int argc, char** argv) {
   }
   end = stats_of(ctx);
   printf("RESULT rank=%d world=%d windows=%lld buckets=%lld collectives=%lld bytes=%lld "
-         "deferred_passes=%lld early=%lld max_abs_diff=%.3g %s\n",
+         "deferred_passes=%lld early=%lld reduce_scatters=%lld all_gathers=%lld "
+         "max_abs_diff=%.3g %s\n",
          rank, opts.world_size, (long long)end.windows_completed, (long long)end.bucket_count,
          (long long)end.collectives_issued, (long long)end.bytes_reduced,
-         (long long)end.deferred_passes, (long long)end.early_launches, max_diff,
+         (long long)end.deferred_passes, (long long)end.early_launches,
+         (long long)end.reduce_scatters, (long long)end.all_gathers, max_diff,
          max_diff <= tolerance && counts_ok ? "OK" : "FAILED");
   if (!counts_ok) rc = 2;
   else if (max_diff > tolerance) rc = 1;
 done:
   sf_destroy(ctx);
   for (int p = 0; p < np; ++p) {
-    free(params[p]);
+    if (a.shard == SF_SHARD_NONE || a.host_buffers) free(params[p]);
     free(ref[p]);
     if (a.host_buffers) free(grads[p]);
   }
   free(params);
   free(grads);
   free(ref);
+  free(bucket_of);
+  free(own_offset);
+  free(own_count);
   return rc;
 }

@@ -647,3 +647,86 @@ SF_STANDIN_EXPORT void sfStandinFailNext(const char* function, ncclResult_t r) {
   std::lock_guard<std::mutex> lock(gFailMutex);
   failNext()[function] = r;
 }
+
+// ---- Since 0.3 (issue 17): ncclReduceScatter and ncclAllGather ----------------
+// As the stand-in's all-reduce of a full-size scratch buffer plus a copy on the
+// same stream (not NCCL's algorithm; the same results and ordering). NCCL's
+// in-place forms (recv = send + rank * count, send = recv + rank * count) work.
+
+namespace {
+
+std::atomic<int64_t> gReduceScatterCalls{0}, gAllGatherCalls{0};
+
+struct Scratch {
+  std::vector<char> buf;
+  const char* send;
+  char* recv;
+  size_t offset, bytes;  // this rank's segment in buf
+  bool gather;
+};
+
+void CUDART_CB scratchIn(void* arg) {  // all-gather: this rank's segment, zeros elsewhere
+  auto* s = static_cast<Scratch*>(arg);
+  std::fill(s->buf.begin(), s->buf.end(), char(0));
+  std::memmove(s->buf.data() + s->offset, s->send, s->bytes);
+}
+
+void CUDART_CB scratchOut(void* arg) {
+  std::unique_ptr<Scratch> s(static_cast<Scratch*>(arg));
+  if (s->gather) {
+    std::memmove(s->recv, s->buf.data(), s->buf.size());
+  } else {
+    std::memmove(s->recv, s->buf.data() + s->offset, s->bytes);
+  }
+}
+
+ncclResult_t scratchCollective(const char* function, const void* send, void* recv, size_t count,
+                               ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream, bool gather) {
+  CommState* st = stateOf(comm);
+  if (!st) return error(ncclInvalidArgument, std::string(function) + ": invalid or destroyed communicator");
+  const size_t es = typeSize(type);
+  auto* s = new Scratch{std::vector<char>(count * size_t(st->nranks) * es), static_cast<const char*>(send),
+                        static_cast<char*>(recv), size_t(st->rank) * count * es, count * es, gather};
+  if (gather && cudaLaunchHostFunc(stream, scratchIn, s) != cudaSuccess) {
+    delete s;
+    return error(ncclUnhandledCudaError, std::string(function) + ": cannot enqueue on the stream");
+  }
+  const ncclResult_t r = enqueue(function, comm, gather ? s->buf.data() : send, s->buf.data(),
+                                 count * size_t(st->nranks), type, op, -1, stream);
+  if (r != ncclSuccess || cudaLaunchHostFunc(stream, scratchOut, s) != cudaSuccess) {
+    if (r != ncclSuccess && !gather) delete s;  // nothing on the stream refers to it
+    return r != ncclSuccess ? r : error(ncclUnhandledCudaError, std::string(function) + ": cannot enqueue");
+  }
+  return ncclSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  const ncclResult_t r =
+      scratchCollective("ncclReduceScatter", send, recv, recvcount, type, op, comm, stream, false);
+  if (r == ncclSuccess) ++gReduceScatterCalls;
+  return r;
+}
+
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t stream) {
+  const ncclResult_t r =
+      scratchCollective("ncclAllGather", send, recv, sendcount, type, ncclSum, comm, stream, true);
+  if (r == ncclSuccess) ++gAllGatherCalls;
+  return r;
+}
+
+}  // extern "C"
+
+// "ncclReduceScatter" / "ncclAllGather": calls enqueued in this process; -1 otherwise.
+SF_STANDIN_EXPORT int64_t sfStandinShardCounter(const char* name) {
+  const std::string n = name ? name : "";
+  if (n == "ncclReduceScatter") return gReduceScatterCalls;
+  if (n == "ncclAllGather") return gAllGatherCalls;
+  return -1;
+}

@@ -97,6 +97,19 @@ typedef struct sfn_api {
   /* Blocking elementwise max of `n` int64 values in host memory. */
   int32_t (*allreduce_max_int64)(sfn_comm* comm, int64_t* data, int64_t n, int64_t timeout_ms,
                                  sfn_error* err);
+
+  /* ---- Since 0.3 (sharded windows), appended ---- */
+  /* In-place reduce-scatter: `data` holds world_size segments of
+   * `segment_numel` elements; afterwards segment `rank` holds the reduction
+   * (the operator chosen as allreduce_start's) of every rank's segment
+   * `rank` (ncclReduceScatter with recvbuff = data + rank * segment: NCCL's
+   * in-place rule). Ordered and waited for as allreduce_start's work. */
+  int32_t (*reduce_scatter_start)(sfn_comm* comm, void* data, int64_t segment_numel, int32_t dtype,
+                                  double prescale, double postscale, sfn_work** out, sfn_error* err);
+  /* In-place all-gather: segment `rank` of `data` to every rank
+   * (ncclAllGather with sendbuff = data + rank * segment). */
+  int32_t (*allgather_start)(sfn_comm* comm, void* data, int64_t segment_numel, int32_t dtype,
+                             sfn_work** out, sfn_error* err);
 } sfn_api;
 
 /* The module's one exported function: its table, or NULL if it does not

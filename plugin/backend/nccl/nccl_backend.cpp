@@ -173,6 +173,26 @@ std::unique_ptr<Work> NcclBackend::startAllreduce(void* data, int64_t numel, sf_
   return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
 }
 
+std::unique_ptr<Work> NcclBackend::startReduceScatter(void* data, int64_t segmentElems,
+                                                      sf_dtype dtype, ReduceSpec spec) {
+  connect();
+  sfn_work* work = nullptr;
+  sfn_error err;
+  check(api_.reduce_scatter_start(comm_, data, segmentElems, dtype, spec.prescale, spec.postscale,
+                                  &work, &err),
+        err);
+  return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
+}
+
+std::unique_ptr<Work> NcclBackend::startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
+                                                  ReduceSpec) {
+  connect();
+  sfn_work* work = nullptr;
+  sfn_error err;
+  check(api_.allgather_start(comm_, data, segmentElems, dtype, &work, &err), err);
+  return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
+}
+
 void NcclBackend::allreduceMaxInt64(int64_t* data, int64_t n) {
   connect();
   sfn_error err;

@@ -38,6 +38,12 @@ class NcclBackend : public Backend {
   std::unique_ptr<Work> startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                        ReduceSpec spec) override;
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
+  // Since 0.3: ncclReduceScatter / ncclAllGather in place, on the plugin's
+  // stream, in one sequence with the all-reduces (NCCL keeps one order).
+  std::unique_ptr<Work> startReduceScatter(void* data, int64_t segmentElems, sf_dtype dtype,
+                                           ReduceSpec spec) override;
+  std::unique_ptr<Work> startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
+                                       ReduceSpec spec) override;
   void barrierQuietly() noexcept override;
   // SF_ERR_UNSUPPORTED: sf_broadcast moves host memory, which is Gloo's.
   void broadcast(void* data, size_t bytes, int root) override;

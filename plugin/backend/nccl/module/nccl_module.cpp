@@ -609,6 +609,73 @@ int32_t allreduceMaxInt64(sfn_comm* c, int64_t* data, int64_t n, int64_t timeout
   });
 }
 
+// ---- Since 0.3: reduce-scatter and all-gather (sharded windows) ---------------
+
+// Events and ordering as allreduceStart's around `launch` (which enqueues the
+// collective on the plugin's stream).
+template <typename F>
+int32_t startOrdered(sfn_comm* c, int64_t bytes, sfn_work** out, sfn_error* err, F&& launch) {
+  return entry(err, [&] {
+    checkAlive(c);
+    sfn_device* d = c->dev;
+    DeviceGuard guard(d->device);
+    auto* w = new sfn_work;
+    w->comm = c;
+    w->bytes = bytes;
+    try {
+      checkCuda(cudaEventCreateWithFlags(&w->ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      checkCuda(cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      checkCuda(cudaEventRecord(w->ready, d->host), "cudaEventRecord (host stream)");
+      checkCuda(cudaStreamWaitEvent(d->stream, w->ready, 0), "cudaStreamWaitEvent (plugin stream)");
+      launch(d);
+      checkCuda(cudaEventRecord(w->done, d->stream), "cudaEventRecord (plugin stream)");
+    } catch (...) {
+      destroyWork(w);
+      throw;
+    }
+    *out = w;
+  });
+}
+
+int32_t reduceScatterStart(sfn_comm* c, void* data, int64_t segment, int32_t dtype, double prescale,
+                           double postscale, sfn_work** out, sfn_error* err) {
+  const size_t es = sfsync::dtypeSize(dtype);
+  return startOrdered(c, segment * int64_t(es) * c->world, out, err, [&](sfn_device* d) {
+    const ncclDataType_t type = ncclType(dtype);
+    const auto choice = sfsync::nccl::chooseReduction(prescale, postscale, c->world);
+    ncclRedOp_t op = ncclSum;
+    bool custom = false;
+    if (choice.kind == sfsync::nccl::Reduction::kAverage) {
+      op = ncclAvg;
+    } else if (choice.kind == sfsync::nccl::Reduction::kPreMulSum) {
+      Scalar s = scalarOf(choice.factor, dtype);
+      const ncclResult_t r = ncclRedOpCreatePreMulSum(&op, &s, type, ncclScalarHostImmediate, c->comm);
+      if (r != ncclSuccess) {
+        throw Failure{SF_ERR_BACKEND, "ncclRedOpCreatePreMulSum failed: " + ncclText(c->comm, r)};
+      }
+      custom = true;
+    }
+    // In place: recvbuff = sendbuff + rank * recvcount (NCCL's rule).
+    char* base = static_cast<char*>(data);
+    const ncclResult_t r = ncclReduceScatter(base, base + size_t(c->rank) * size_t(segment) * es,
+                                             size_t(segment), type, op, c->comm, d->stream);
+    if (custom) ncclRedOpDestroy(op, c->comm);
+    settle(c, r, "ncclReduceScatter", c->timeoutMs);
+  });
+}
+
+int32_t allgatherStart(sfn_comm* c, void* data, int64_t segment, int32_t dtype, sfn_work** out,
+                       sfn_error* err) {
+  const size_t es = sfsync::dtypeSize(dtype);
+  return startOrdered(c, segment * int64_t(es) * c->world, out, err, [&](sfn_device* d) {
+    // In place: sendbuff = recvbuff + rank * sendcount.
+    char* base = static_cast<char*>(data);
+    const ncclResult_t r = ncclAllGather(base + size_t(c->rank) * size_t(segment) * es, base,
+                                         size_t(segment), ncclType(dtype), c->comm, d->stream);
+    settle(c, r, "ncclAllGather", c->timeoutMs);
+  });
+}
+
 const sfn_api kApi = {
     SFN_ABI_VERSION,
     sizeof(sfn_api),
@@ -629,6 +696,8 @@ const sfn_api kApi = {
     allreduceStart,
     workWait,
     allreduceMaxInt64,
+    reduceScatterStart,  // since 0.3
+    allgatherStart,
 };
 
 }  // namespace

@@ -1,0 +1,132 @@
+// Sharded windows over NCCL (issue 17) on the CUDA and NCCL stand-ins: CUDA
+// gradients and plugin-owned CUDA parameters, reduce-scatter at
+// synchronization (ncclReduceScatter in place), the host's step on its own
+// part, the gather (ncclAllGather in place); every rank ends with the same,
+// exact weights. Ranks are threads, each on GPU `rank`.
+
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "sfsync.h"
+#include "tests/nccl/nccl_support.h"
+#include "tests/support/thread_ranks.h"
+
+extern "C" int64_t sfStandinShardCounter(const char* name);
+
+using namespace sftest;
+
+namespace {
+
+struct ShardRun {
+  std::string error;
+  std::vector<std::vector<double>> params;
+  sf_stats stats{};
+  sf_status earlyGather = SF_OK;
+};
+
+ShardRun trainSharded(int rank, int world, const std::string& rdv, sf_shard_layout layout,
+                      const std::vector<int64_t>& sizes, double lr) {
+  ShardRun out;
+  sf_options o = rankOptions(rank, world, rdv);
+  o.local_rank = rank;
+  o.shard_layout = layout;
+  o.bucket_cap_mb = 1024.0 / 1048576.0;
+  o.first_bucket_cap_mb = 512.0 / 1048576.0;
+  ContextHandle h;
+  auto failed = [&](sf_status st) {
+    if (st != SF_OK && out.error.empty()) out.error = sf_last_error();
+    return st != SF_OK;
+  };
+  if (failed(sf_create(&o, &h.ctx))) return out;
+  const int n = int(sizes.size());
+  for (int p = 0; p < n; ++p) {
+    int64_t id;
+    if (failed(sf_add_gradient(h.ctx, sizes[size_t(p)], SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, nullptr, &id)) ||
+        failed(sf_register_parameter(h.ctx, id, nullptr, sizes[size_t(p)], SF_DTYPE_FLOAT32,
+                                     SF_DEVICE_CUDA))) {
+      return out;
+    }
+  }
+  std::vector<void*> g(static_cast<size_t>(n), nullptr), w(static_cast<size_t>(n), nullptr);
+  std::vector<int64_t> off(static_cast<size_t>(n)), cnt(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) {
+    if (failed(sf_gradient_data(h.ctx, p, &g[size_t(p)])) ||
+        failed(sf_parameter_data(h.ctx, p, &w[size_t(p)])) ||
+        failed(sf_shard_range(h.ctx, p, &off[size_t(p)], &cnt[size_t(p)]))) {
+      return out;
+    }
+    for (int64_t i = 0; i < sizes[size_t(p)]; ++i) {  // stand-in device memory is host-visible
+      storeValue(g[size_t(p)], i, SF_DTYPE_FLOAT32, gradValue(rank, 0, 0, p, i));
+      storeValue(w[size_t(p)], i, SF_DTYPE_FLOAT32, 0.5 * double(p) + 0.125 * double(i % 3));
+    }
+  }
+  if (failed(sf_synchronize_start(h.ctx))) return out;
+  if (failed(sf_wait_bucket(h.ctx, 0))) return out;
+  if (failed(sf_synchronize(h.ctx))) return out;
+  drain(nullptr);
+  for (int p = 0; p < n; ++p) {
+    for (int64_t i = off[size_t(p)]; i < off[size_t(p)] + cnt[size_t(p)]; ++i) {
+      storeValue(w[size_t(p)], i, SF_DTYPE_FLOAT32,
+                 loadValue(w[size_t(p)], i, SF_DTYPE_FLOAT32) -
+                     lr * loadValue(g[size_t(p)], i, SF_DTYPE_FLOAT32));
+    }
+  }
+  if (failed(sf_gather_parameters(h.ctx))) return out;
+  drain(nullptr);
+  for (int p = 0; p < n; ++p) {
+    out.params.emplace_back();
+    for (int64_t i = 0; i < sizes[size_t(p)]; ++i) {
+      out.params.back().push_back(loadValue(w[size_t(p)], i, SF_DTYPE_FLOAT32));
+    }
+  }
+  out.stats = statsOf(h.ctx);
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(nccl_sharded_tests)
+
+BOOST_AUTO_TEST_CASE(threads3_flat_and_parameter_reduce_scatter_step_gather) {
+  const std::vector<int64_t> sizes = {300, 17, 200, 5, 64};
+  const double lr = 0.5;
+  for (sf_shard_layout layout : {SF_SHARD_FLAT, SF_SHARD_PARAMETER}) {
+    BOOST_TEST_CONTEXT("layout " << layout) {
+      const int world = 3;
+      const std::string rdv = "memory://" + uniqueName("nccl-shard");
+      const int64_t rs0 = sfStandinShardCounter("ncclReduceScatter");
+      const int64_t ag0 = sfStandinShardCounter("ncclAllGather");
+      auto runs = runThreadRanks<ShardRun>(world, [&](int r) {
+        return trainSharded(r, world, rdv, layout, sizes, lr);
+      });
+      int64_t buckets = 0;
+      for (int r = 0; r < world; ++r) {
+        BOOST_REQUIRE_MESSAGE(runs[size_t(r)].error.empty(), runs[size_t(r)].error);
+        buckets = runs[size_t(r)].stats.bucket_count;
+        BOOST_TEST(runs[size_t(r)].stats.reduce_scatters == buckets);
+        BOOST_TEST(runs[size_t(r)].stats.all_gathers == buckets);
+        for (size_t p = 0; p < sizes.size(); ++p) {
+          for (int64_t i = 0; i < sizes[p]; ++i) {
+            double avg = 0;
+            for (int q = 0; q < world; ++q) avg += gradValue(q, 0, 0, int(p), i);
+            avg /= world;
+            const double want = 0.5 * double(p) + 0.125 * double(i % 3) - lr * avg;
+            if (std::abs(runs[size_t(r)].params[p][size_t(i)] - want) > 1e-5) {
+              BOOST_ERROR("rank " << r << " parameter " << p << "[" << i << "] = "
+                                  << runs[size_t(r)].params[p][size_t(i)] << ", want " << want);
+              break;
+            }
+          }
+        }
+      }
+      BOOST_TEST(buckets > 1);
+      BOOST_TEST(sfStandinShardCounter("ncclReduceScatter") - rs0 == world * buckets);
+      BOOST_TEST(sfStandinShardCounter("ncclAllGather") - ag0 == world * buckets);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
