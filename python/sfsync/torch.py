@@ -362,6 +362,12 @@ class GradientSync:
     * A parameter added, removed, resized or frozen after attach is an error
       at the next synchronization, naming it.
     * ``verify_every=K``: see the module docstring.
+    * ``shard_optimizer=True, shard_layout="flat" | "parameter"`` (0.3):
+      sharded windows: each bucket is reduce-scattered, the parameters live
+      in the plugin's flat parameter buffer, and ``sync.optimizer(cls, params,
+      **kw)`` steps this rank's shard and gathers the rest (sfsync/optim.py).
+      Without it ``sync.optimizer`` steps bucket by bucket as each all-reduce
+      completes. ``set_accumulation_steps(n)``: N from the next window.
 
     Each parameter's ``.grad`` is a view into the plugin's flat buffer
     (``flat_buffer=True``; CUDA parameters need ``flat_buffer=False``, their
@@ -569,6 +575,9 @@ class GradientSync:
             self._attach_grads()
         if self.accumulation_steps:
             self._enter_pass_window()
+        if self._optimizer is not None and self._verifier is not None and \
+                self.windows - self._last_verified >= self._verify_every:
+            self._optimizer.wait_parameters()  # the digest reads every parameter
         _verify_if_due(self)
 
     def _start_pass(self):
@@ -746,6 +755,8 @@ class GradientSync:
         """Compare the parameters (and buffers if verify_buffers) across ranks
         now (collective, outside a window): ReplicaMismatchError naming the
         first differing tensor."""
+        if self._optimizer is not None:
+            self._optimizer.wait_parameters()
         verifier = self._verifier or _Verifier(self.context, _named_state(self.module, False))
         verifier.check(self.windows)
 
