@@ -23,6 +23,7 @@ the same scheduler and torch.nn.utils.clip_grad_norm_ on the full model.
                            parameter skipped (its bucket waits for the mask)
     bf16                   bf16 parameters, float32 master shards, against a single-process
                            reference (every rank's micro-batches replayed here)
+    attach                 attach(ddp) (DDP kept) with set_accumulation_steps: DDP's weights
     bad input              step before synchronization, a parameter not in the module, a second
                            optimizer, an unknown layout
 
@@ -383,6 +384,30 @@ def case_bf16(rank, world, c):
     return "bf16 max %.1e equal %.3f" % (float(diffs.max()), float((diffs == 0).double().mean()))
 
 
+def case_attach(rank, world, c, refs):
+    """attach(ddp) with set_accumulation_steps: windows of 3, 2, 4 passes
+    without no_sync(), the weights of the DDP reference."""
+    ref_model, _, _ = refs[(False, True)]
+    ddp = DDP(make_net(), find_unused_parameters=True, process_group=GROUP["pg"])
+    sync = sft.attach(ddp, accumulation_steps=WINDOWS[0], store=dist.distributed_c10d.
+                      _get_default_store(), prefix="sharded-test/attach/w%d" % world,
+                      rank=rank, world_size=world)
+    opt = torch.optim.AdamW(groups_of(ddp.module), lr=0.01)
+    sched = schedule(opt)
+    for w, n in enumerate(WINDOWS):
+        sync.set_accumulation_steps(n)
+        for i in range(n):
+            loss_of(ddp, rank, w, i, n).backward()
+            c.that(sync.is_step() == (i == n - 1), "attach: is_step() %s at pass %d of %d"
+                   % (sync.is_step(), i + 1, n))
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+    diff = c.close("attach weights vs DDP", ddp.module.parameters(), ref_model.parameters())
+    sync.close()
+    return "attach %.1e" % diff
+
+
 def case_bad_input(rank, world, c):
     model = make_net()
     try:
@@ -413,7 +438,7 @@ def case_bad_input(rank, world, c):
     return "bad input"
 
 
-CASES = "flat,parameter,flat-perbucket,unsharded,unsharded-perbucket,memory,bf16,bad"
+CASES = "flat,parameter,flat-perbucket,unsharded,unsharded-perbucket,memory,bf16,attach,bad"
 
 
 def run_cases(rank, world, cases, c):
@@ -434,6 +459,8 @@ def run_cases(rank, world, cases, c):
             done.append(case_memory(rank, world, c))
         elif name == "bf16":
             done.append(case_bf16(rank, world, c))
+        elif name == "attach":
+            done.append(case_attach(rank, world, c, refs))
         elif name == "bad":
             done.append(case_bad_input(rank, world, c))
         else:
