@@ -9,8 +9,13 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
+
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <map>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -612,6 +617,65 @@ BOOST_AUTO_TEST_CASE(shard_env_variable_is_parsed) {
   sf_context* ctx = nullptr;
   BOOST_TEST(sf_create(&o, &ctx) == SF_ERR_INVALID_ARGUMENT);
   BOOST_TEST(std::string(sf_last_error()).find("shard_layout = 3") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(trace_has_reduce_scatters_and_gathers_with_their_bytes_2_thread_ranks_gloo) {
+  // One bucket of 4000 float32 (W = 2): segments of U = 2000 plus a 16-element
+  // control slot; each rank sends (W-1) x 2016 x 4 bytes in the reduce-scatter
+  // and (W-1) x 2000 x 4 in the all-gather, per window.
+  const std::string dir = "/tmp/" + uniqueName("sfshardtrace");
+  BOOST_REQUIRE(::system(("mkdir -p " + dir).c_str()) == 0);
+  ::setenv("SF_TRACE", (dir + "/trace.json").c_str(), 1);
+  const std::string rdv = "memory://" + uniqueName("trace");
+  auto errors = runThreadRanks<std::string>(2, [&](int r) -> std::string {
+    sf_options o = rankOptions(r, 2, rdv);
+    o.shard_layout = SF_SHARD_FLAT;
+    ContextHandle h;
+    if (sf_create(&o, &h.ctx) != SF_OK) return sf_last_error();
+    for (int64_t n : {1000, 3000}) {
+      int64_t id;
+      sf_add_gradient(h.ctx, n, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
+      sf_register_parameter(h.ctx, id, nullptr, n, SF_DTYPE_FLOAT32, SF_DEVICE_HOST);
+    }
+    for (int w = 0; w < 2; ++w) {
+      if (sf_synchronize(h.ctx) != SF_OK || sf_gather_parameters(h.ctx) != SF_OK) {
+        return sf_last_error();
+      }
+    }
+    return "";
+  });
+  ::unsetenv("SF_TRACE");
+  for (int r = 0; r < 2; ++r) {
+    BOOST_TEST_CONTEXT("rank " << r) {
+      BOOST_REQUIRE_MESSAGE(errors[size_t(r)].empty(), errors[size_t(r)]);
+      std::ifstream f(dir + "/trace.rank" + std::to_string(r) + ".json");
+      BOOST_REQUIRE(f.good());
+      boost::property_tree::ptree root;
+      boost::property_tree::read_json(f, root);
+      std::map<std::string, int> count;
+      std::map<std::string, int64_t> wireBytes;
+      int reduceScatterLaunches = 0;
+      for (const auto& kv : root.get_child("traceEvents")) {
+        const auto& e = kv.second;
+        const std::string name = e.get<std::string>("name");
+        ++count[name];
+        if (name == "reduce_scatter" || name == "all_gather") {
+          wireBytes[name] += e.get<int64_t>("args.wire_bytes");
+        }
+        if (name == "launch" && e.get<std::string>("args.collective") == "reduce_scatter") {
+          ++reduceScatterLaunches;
+        }
+      }
+      BOOST_TEST(count["reduce_scatter"] == 2);
+      BOOST_TEST(count["all_gather"] == 2);
+      BOOST_TEST(count["gather"] == 2);
+      BOOST_TEST(count["gathered"] == 2);
+      BOOST_TEST(reduceScatterLaunches == 2);
+      BOOST_TEST(wireBytes["reduce_scatter"] == 2 * 2016 * 4);
+      BOOST_TEST(wireBytes["all_gather"] == 2 * 2000 * 4);
+    }
+  }
+  BOOST_TEST(::system(("rm -rf " + dir).c_str()) == 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
