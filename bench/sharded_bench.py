@@ -230,7 +230,8 @@ def ratios(rec):
     return {k: round(ms[x] / ms[y], 3) for k, (x, y) in pairs.items() if x in ms and y in ms}
 
 
-RATIO_COLS = [("sharded_vs_ddp", "sharded/DDP (<=1.00)"), ("sharded_vs_zero", "sharded/ZeRO (<=0.90)"),
+RATIO_COLS = [("sharded_vs_ddp", "sharded/DDP (<=1.00)"),
+              ("sharded_vs_zero", "sharded/ZeRO (<=0.90)"),
               ("perbucket_vs_ddp", "per-bucket/DDP (<=0.97)"), ("adamw_vs_ddp", "0.2 sfsync/DDP")]
 
 

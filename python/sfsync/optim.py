@@ -30,9 +30,9 @@ forward reads a parameter of another module that is not called (a parent
 using ``self.child.weight`` in its own forward) needs
 ``sync.optimizer(..., overlap_gather=False)``: then every gather is waited when
 the model's forward starts. Read parameters outside a forward (evaluation
-code that reads ``p`` directly, saving) after ``opt.wait_parameters()``. The used-parameter mask is not a gradient there
-(it would be sharded): it is summed with one sf_allreduce_float64 after the
-reduce-scatters, so with ``find_unused_parameters=True`` (GradientSync's
+code that reads ``p`` directly, saving) after ``opt.wait_parameters()``.
+The used-parameter mask is not a gradient there (it would be sharded): it
+is summed with one sf_allreduce_float64 after the reduce-scatters, so with ``find_unused_parameters=True`` (GradientSync's
 default) the shards step after every bucket is reduced; pass
 ``find_unused_parameters=False`` for per-bucket steps.
 
@@ -69,7 +69,6 @@ import weakref
 
 import torch
 
-import sfsync
 from sfsync import shard
 
 __all__ = ["SyncOptimizer"]
