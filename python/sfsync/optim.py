@@ -32,8 +32,9 @@ using ``self.child.weight`` in its own forward) needs
 the model's forward starts. Read parameters outside a forward (evaluation
 code that reads ``p`` directly, saving) after ``opt.wait_parameters()``.
 The used-parameter mask is not a gradient there (it would be sharded): it
-is summed with one sf_allreduce_float64 after the reduce-scatters, so with ``find_unused_parameters=True`` (GradientSync's
-default) the shards step after every bucket is reduced; pass
+is summed with one sf_allreduce_float64 after the reduce-scatters, so
+with ``find_unused_parameters=True`` (GradientSync's default) the shards
+step after every bucket is reduced; pass
 ``find_unused_parameters=False`` for per-bucket steps.
 
 Gradients: in a sharded context only this rank's range of ``p.grad`` holds
