@@ -59,6 +59,7 @@ import weakref
 import torch
 
 import sfsync
+from sfsync import shard
 
 __all__ = ["GradientSync", "DDPSync", "attach", "ReplicaCheck", "ReplicaMismatchError",
            "make_context", "sf_dtype"]
@@ -415,6 +416,12 @@ class GradientSync:
     * A parameter added, removed, resized or frozen after attach is an error
       at the next synchronization, naming it.
     * ``verify_every=K``: see the module docstring.
+    * ``shard_optimizer=True, shard_layout="flat" | "parameter"`` (0.3):
+      sharded windows: each bucket is reduce-scattered, the parameters live
+      in the plugin's flat parameter buffer, and ``sync.optimizer(cls, params,
+      **kw)`` steps this rank's shard and gathers the rest (sfsync/optim.py).
+      Without it ``sync.optimizer`` steps bucket by bucket as each all-reduce
+      completes. ``set_accumulation_steps(n)``: N from the next window.
 
     Each parameter's ``.grad`` is a view into the plugin's flat buffer
     (``flat_buffer=True``; CUDA parameters need ``flat_buffer=False``, their
@@ -426,7 +433,8 @@ class GradientSync:
     def __init__(self, module, context=None, *, accumulation_steps=None, flat_buffer=True,
                  hooks=True, broadcast=True, broadcast_buffers=True, find_unused_parameters=True,
                  verify_every=None, verify_buffers=False, store=None, bucket_cap_mb=None,
-                 first_bucket_cap_mb=None, connect=True, **options):
+                 first_bucket_cap_mb=None, connect=True, shard_optimizer=False,
+                 shard_layout="flat", **options):
         _check_counts("GradientSync", accumulation_steps, verify_every)
         self.context = None  # (close() needs it, whatever fails below)
         other = _attached.get(module)
@@ -437,6 +445,15 @@ class GradientSync:
                                "same .grad tensors; close() the first one, or keep using it"
                                % (type(module).__name__, getattr(other, "rank", "?"),
                                   getattr(other, "world_size", "?"), other.windows))
+        if shard_optimizer:
+            shard.layout_value(shard_layout)  # ValueError naming it before anything
+            if not flat_buffer:
+                raise ValueError("GradientSync(shard_optimizer=True) keeps parameters in the "
+                                 "plugin's flat buffer: flat_buffer=False does not fit")
+        self.shard_optimizer = bool(shard_optimizer)
+        self.shard_layout = shard_layout if shard_optimizer else "none"
+        self._optimizer = None  # sync.optimizer(...): steps per bucket (sfsync/optim.py)
+        self._next_accumulation = None
         self.module = module
         self.params, self.names = self._trainable(module)
         if not self.params:
@@ -470,6 +487,8 @@ class GradientSync:
                 ctx.set_bucket_cap_mb(bucket_cap_mb)
             if first_bucket_cap_mb is not None:
                 ctx.set_first_bucket_cap_mb(first_bucket_cap_mb)
+            if self.shard_optimizer:
+                shard.set_layout(ctx, shard_layout)
             self._register()
             o = ctx.options()
             self.rank, self.world_size = o["rank"], o["world_size"]
@@ -509,7 +528,11 @@ class GradientSync:
 
     def _register(self):
         ctx = self.context
-        if self._track_unused:
+        if self._track_unused and self.shard_optimizer:
+            # Sharded: a gradient would arrive sharded; summed by the optimizer
+            # with one sf_allreduce_float64 instead (sfsync/optim.py).
+            self._mask = torch.zeros(len(self.params), dtype=torch.float64)
+        elif self._track_unused:
             # Registered first: bucketed last (reverse order), with the first
             # parameter's dtype, so it shares a bucket instead of adding one.
             p0 = self.params[0]
@@ -529,6 +552,8 @@ class GradientSync:
                     raise TypeError("GradientSync(flat_buffer=True) needs CPU parameters; %s is on "
                                     "%s (use flat_buffer=False)" % (name, p.device))
                 self._ids.append(ctx.add_gradient(p.numel(), dtype, device, name))
+                if self.shard_optimizer:  # its parameter: a view of the flat parameter buffer
+                    shard.register_parameter(ctx, self._ids[-1], p.numel(), dtype, device)
             else:
                 grad = p.grad
                 if grad is None or not grad.is_contiguous() or grad.shape != p.shape:
@@ -553,9 +578,21 @@ class GradientSync:
                     view.copy_(p.grad)
                 p.grad = view
                 self._views.append(view)
+                if self.shard_optimizer:
+                    data = self._flat_view(gid, p.dtype, p.shape, shard.parameter_data)
+                    data.copy_(p.data)
+                    p.data = data
         self._ptrs = [v.data_ptr() for v in self._views]
 
-    def _flat_view(self, gid, dtype, shape):
+    def _flat_view(self, gid, dtype, shape, parameter_data=None):
+        if parameter_data is not None:  # the parameter's view of the flat parameter buffer
+            import numpy as np
+            g = self.context._grads[gid]
+            raw = (ctypes.c_uint8 * (g.numel * torch.empty(0, dtype=dtype).element_size())
+                   ).from_address(parameter_data(self.context, gid))
+            raw._sf_context = self.context
+            array = np.frombuffer(raw, dtype=np.uint8)
+            return torch.from_numpy(array).view(dtype).view(shape)
         array = self.context.gradient_array(gid)
         if dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
             t = torch.from_numpy(array.view("int16")).view(torch.bfloat16)
@@ -598,7 +635,14 @@ class GradientSync:
     def _forward(self):
         if not torch.is_grad_enabled() or self._in_pass:
             return
+        if self._optimizer is not None and self._verifier is not None and \
+                self.windows - self._last_verified >= self._verify_every:
+            self._optimizer.wait_parameters()  # the digest reads every parameter
         if self._window_start():
+            if self._next_accumulation is not None:
+                self.accumulation_steps, self._next_accumulation = self._next_accumulation, None
+            if self._optimizer is not None:
+                self._optimizer._window_starts()
             self._attach_grads()
             # Before the window's first forward moves a buffer (BatchNorm
             # statistics: each rank's own batches), while every rank still
@@ -648,7 +692,10 @@ class GradientSync:
             for i, done in enumerate(self._reported):
                 if not done:
                     self.context.grad_ready(self._ids[i])
-            self.context.grad_ready(self._mask_id)
+            if self._optimizer is not None:  # this rank's own use, before the mask is reduced
+                self._optimizer.local_used = self._mask.clone()
+            if self._mask_id is not None:
+                self.context.grad_ready(self._mask_id)
         self._passes += 1
         if self.accumulation_steps and self._passes >= self.accumulation_steps:
             self._synchronize()
@@ -716,7 +763,18 @@ class GradientSync:
                     "optimizer.zero_grad(set_to_none=True) or an assignment to .grad inside the "
                     "window)" % (name, "None" if p.grad is None else "another tensor"))
         self._passes = 0
+        if self._optimizer is not None:  # it waits bucket by bucket inside opt.step()
+            self._optimizer._window_closed()
+            self.windows += 1
+            self._step_ready = True
+            return
         self.context.synchronize()
+        self._after_synchronize()
+        self.windows += 1
+        self._step_ready = True
+
+    def _after_synchronize(self):
+        """Every bucket reduced: unused parameters' .grad None, buffers."""
         if self._mask is not None:
             unused = (self._mask == 0).nonzero().reshape(-1).tolist()
             for i in unused:
@@ -729,8 +787,29 @@ class GradientSync:
             buffers = list(self.module.buffers())
             if buffers and self.world_size > 1:
                 _broadcast_tensors(self.context, buffers)
-        self.windows += 1
-        self._step_ready = True
+
+    def optimizer(self, optimizer_class, params, overlap_gather=True, **defaults):
+        """``optimizer_class(params, **defaults)`` stepped bucket by bucket as
+        each reduction completes; sharded with ``shard_optimizer=True``. A
+        torch.optim.Optimizer (param_groups, state, step, zero_grad,
+        state_dict, clip_grad_norm_): see sfsync/optim.py."""
+        from sfsync.optim import SyncOptimizer
+        self._optimizer = SyncOptimizer(self, optimizer_class, params,
+                                        overlap_gather=overlap_gather, **defaults)
+        return self._optimizer
+
+    def set_accumulation_steps(self, n):
+        """Windows of ``n`` backward passes from the next window on (now if
+        no pass of the current window has run), e.g. an epoch's shorter last
+        window. Every rank must call it at the same point."""
+        _check_counts("set_accumulation_steps", n, None)
+        if n is None or not self.accumulation_steps:
+            raise ValueError("set_accumulation_steps: %r (GradientSync was made without "
+                             "accumulation_steps: its windows are explicit)" % (n,))
+        if self._window_start():
+            self.accumulation_steps = n
+        else:
+            self._next_accumulation = n
 
     def zero_grad(self, set_to_none=False):
         """Zero every gradient in place (sf_zero_gradients), re-attaching a
@@ -749,6 +828,8 @@ class GradientSync:
         """Compare the parameters (and buffers if verify_buffers) across ranks
         now (collective, outside a window): ReplicaMismatchError naming the
         first differing tensor."""
+        if self._optimizer is not None:
+            self._optimizer.wait_parameters()
         verifier = self._verifier or _Verifier(self.context, _named_state(self.module, False))
         verifier.check(self.windows)
 
@@ -788,6 +869,12 @@ class GradientSync:
         for _, handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._optimizer is not None:
+            self._optimizer.wait_parameters()
+            self._optimizer._detach()
+        if self.shard_optimizer:  # the flat parameter buffer goes with the context
+            for p in self.params:
+                p.data = p.data.clone()
         if self.flat_buffer:
             for p, view in zip(self.params, self._views):
                 if p.grad is not None and p.grad.data_ptr() == view.data_ptr():
@@ -857,6 +944,7 @@ class DDPSync:
         self._passes = 0
         self._pass_started = False
         self._step_ready = False
+        self._next_accumulation = None
         self.windows = 0
         self.deferred_buckets = 0
         self.reduced_buckets = 0
@@ -887,9 +975,23 @@ class DDPSync:
     def _enter_pass_window(self):
         _enter_pass_window(self.context, self._passes, self.accumulation_steps)
 
+    def set_accumulation_steps(self, n):
+        """Windows of ``n`` backward passes from the next window on (as
+        GradientSync's)."""
+        _check_counts("set_accumulation_steps", n, None)
+        if n is None or not self.accumulation_steps:
+            raise ValueError("set_accumulation_steps: %r (attach was made without "
+                             "accumulation_steps: its windows are explicit)" % (n,))
+        self._next_accumulation = n
+        if self._passes == 0 and not self._pass_started:
+            self.accumulation_steps, self._next_accumulation = n, None
+
     def _forward(self):
         if not torch.is_grad_enabled():
             return
+        if self._next_accumulation is not None and self._passes == 0 and \
+                not self._pass_started:
+            self.accumulation_steps, self._next_accumulation = self._next_accumulation, None
         if self.accumulation_steps:
             self._enter_pass_window()
 

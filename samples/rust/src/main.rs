@@ -17,11 +17,14 @@
 //!   - exactly bucket_count collectives and gradient_bytes bytes per window.
 //! Any failed check makes the exit status 1; an sfsync error makes it 2.
 //!
+//! `--shard flat|parameter` trains with a sharded AdamW instead (sharded.rs).
+//!
 //! Run one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 //! set (sfsync-run -n 2 -- sfsync_trainer), or alone for world size 1.
 
 mod model;
 mod sfsync;
+mod sharded;
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -31,6 +34,7 @@ use sfsync::{Api, Context, SfError, SfStats, SF_DTYPE_FLOAT32, SF_DTYPE_FLOAT64}
 
 const USAGE: &str = "usage: sfsync_trainer [--windows W] [--micro-batches N] [--batch B] [--lr LR]
                       [--tolerance T] [--seed S] [--bucket-cap-mb MB] [--first-bucket-cap-mb MB]
+                      [--shard flat|parameter]
 Environment: SFSYNC_LIBRARY (default libsfsync.so.1), RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT and the SF_* variables of include/sfsync.h.";
 
@@ -43,7 +47,11 @@ struct Args {
     seed: u64,
     bucket_cap_mb: f64,
     first_bucket_cap_mb: f64,
+    shard: Option<i32>,
 }
+
+/// Which tensors are float32 (w1, b1); the others are float64.
+const DTYPES_F32: [bool; 4] = [true, true, false, false];
 
 fn parse_args() -> Result<Args, String> {
     // Small caps so that the ~2.4 KB of gradients span several buckets
@@ -57,6 +65,7 @@ fn parse_args() -> Result<Args, String> {
         seed: 2024,
         bucket_cap_mb: 0.002,
         first_bucket_cap_mb: 0.001,
+        shard: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -74,6 +83,13 @@ fn parse_args() -> Result<Args, String> {
             "--seed" => a.seed = value.parse().map_err(|_| bad("an unsigned integer"))?,
             "--bucket-cap-mb" => a.bucket_cap_mb = value.parse().map_err(|_| bad("a number"))?,
             "--first-bucket-cap-mb" => a.first_bucket_cap_mb = value.parse().map_err(|_| bad("a number"))?,
+            "--shard" => {
+                a.shard = Some(match value.as_str() {
+                    "flat" => sfsync::SF_SHARD_FLAT,
+                    "parameter" => sfsync::SF_SHARD_PARAMETER,
+                    _ => return Err(bad("flat or parameter")),
+                })
+            }
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -168,9 +184,14 @@ struct Trainer<'a> {
 }
 
 impl<'a> Trainer<'a> {
-    fn new(api: &'a Api, args: &Args) -> Result<Trainer<'a>, SfError> {
+    /// `shard`: a sharded context (sf_shard_layout), every gradient with a
+    /// parameter in the plugin's flat parameter buffer.
+    fn new(api: &'a Api, args: &Args, shard: Option<i32>) -> Result<Trainer<'a>, SfError> {
         let opts = api.options_init()?; // RANK, WORLD_SIZE, MASTER_* from the environment
         let ctx = api.create(&opts)?;
+        if let Some(layout) = shard {
+            ctx.set_shard_layout(layout)?;
+        }
         ctx.set_first_bucket_cap_mb(args.first_bucket_cap_mb)?;
         ctx.set_bucket_cap_mb(args.bucket_cap_mb)?;
         let w2_grad = HostBuffer::zeroed(NUMEL[2]);
@@ -179,6 +200,11 @@ impl<'a> Trainer<'a> {
         // SAFETY: w2_grad lives in the Trainer next to ctx and drops after it.
         let id_w2 = unsafe { ctx.register_gradient(w2_grad.ptr as *mut c_void, NUMEL[2] as i64, SF_DTYPE_FLOAT64, NAMES[2])? };
         let id_b2 = ctx.add_gradient(NUMEL[3] as i64, SF_DTYPE_FLOAT64, NAMES[3])?;
+        if shard.is_some() {
+            for (t, id) in [id_w1, id_b1, id_w2, id_b2].into_iter().enumerate() {
+                ctx.add_parameter(id, NUMEL[t] as i64, if DTYPES_F32[t] { SF_DTYPE_FLOAT32 } else { SF_DTYPE_FLOAT64 })?;
+            }
+        }
         ctx.build_buckets()?;
         let grads = vec![
             Grad { id: id_w1, numel: NUMEL[0], storage: Storage::F32(ctx.gradient_data(id_w1)? as *mut f32) },
@@ -264,7 +290,10 @@ fn reduce_name(op: i32) -> &'static str {
 }
 
 fn run(api: &Api, args: &Args, checks: &mut Checks) -> Result<(), SfError> {
-    let trainer = Trainer::new(api, args)?;
+    if let Some(layout) = args.shard {
+        return sharded::run(api, args, layout, checks);
+    }
+    let trainer = Trainer::new(api, args, None)?;
     let ctx = &trainer.ctx;
     let opts = ctx.options()?;
     let (rank, world) = (opts.rank as usize, opts.world_size as usize);

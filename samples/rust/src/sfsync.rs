@@ -71,12 +71,21 @@ pub struct SfStats {
     pub gradient_count: i64,
     pub gradient_bytes: i64,
     pub sync_ns_total: i64,
+    // Since 0.3 (sharded windows; 0 in an unsharded context):
+    pub reduce_scatters: i64,
+    pub all_gathers: i64,
+    pub bytes_gathered: i64,
 }
 
-// The version-1 layouts of include/sfsync.h on LP64: 8 + 6*4 + 3*8 + 8 + 256
-// and 8 + 13*8 bytes. A field added or moved here breaks the build.
+// The layouts of include/sfsync.h on LP64: sf_options version 1, 8 + 6*4 +
+// 3*8 + 8 + 256 bytes; sf_stats of 0.3, 8 + 16*8 bytes (the library fills
+// what struct_size covers). A field added or moved here breaks the build.
 const _: () = assert!(size_of::<SfOptions>() == 320);
-const _: () = assert!(size_of::<SfStats>() == 112);
+const _: () = assert!(size_of::<SfStats>() == 136);
+
+/// sf_shard_layout (Since 0.3).
+pub const SF_SHARD_FLAT: i32 = 1;
+pub const SF_SHARD_PARAMETER: i32 = 2;
 
 /// A failed sfsync call: which function, its status, the status's text and
 /// the thread's `sf_last_error()` message read right after the call.
@@ -148,7 +157,22 @@ pub struct Api {
     synchronize: unsafe extern "C" fn(Ctx) -> Status,
     get_stats: unsafe extern "C" fn(Ctx, *mut SfStats) -> Status,
     bucket_info: unsafe extern "C" fn(Ctx, i64, *mut i64, *mut i64, *mut i32) -> Status,
+    /// The sharded-window calls (Since 0.3): None from an older library.
+    pub shard: Option<ShardApi>,
     _lib: Library,
+}
+
+/// The functions of sharded windows (sfsync 0.3).
+pub struct ShardApi {
+    set_shard_layout: unsafe extern "C" fn(Ctx, i32) -> Status,
+    register_parameter: unsafe extern "C" fn(Ctx, i64, *mut c_void, i64, i32, i32) -> Status,
+    parameter_data: unsafe extern "C" fn(Ctx, i64, *mut *mut c_void) -> Status,
+    shard_range: unsafe extern "C" fn(Ctx, i64, *mut i64, *mut i64) -> Status,
+    gradient_bucket: unsafe extern "C" fn(Ctx, i64, *mut i64) -> Status,
+    synchronize_start: unsafe extern "C" fn(Ctx) -> Status,
+    wait_bucket: unsafe extern "C" fn(Ctx, i64) -> Status,
+    start_gather: unsafe extern "C" fn(Ctx, i64) -> Status,
+    wait_gather: unsafe extern "C" fn(Ctx, i64) -> Status,
 }
 
 impl Api {
@@ -174,6 +198,12 @@ impl Api {
                     *lib.get(concat!($name, "\0").as_bytes())
                         .map_err(|source| LoadError::Symbol { name: $name, source })?
                 }
+            };
+        }
+        macro_rules! opt_sym {
+            ($name:literal) => {
+                // SAFETY: as sym!; None if the library lacks it.
+                unsafe { lib.get(concat!($name, "\0").as_bytes()).ok().map(|s| *s) }
             };
         }
         let abi_version: unsafe extern "C" fn() -> i32 = sym!("sf_abi_version");
@@ -206,6 +236,19 @@ impl Api {
             synchronize: sym!("sf_synchronize"),
             get_stats: sym!("sf_get_stats"),
             bucket_info: sym!("sf_bucket_info"),
+            shard: (|| {
+                Some(ShardApi {
+                    set_shard_layout: opt_sym!("sf_set_shard_layout")?,
+                    register_parameter: opt_sym!("sf_register_parameter")?,
+                    parameter_data: opt_sym!("sf_parameter_data")?,
+                    shard_range: opt_sym!("sf_shard_range")?,
+                    gradient_bucket: opt_sym!("sf_gradient_bucket")?,
+                    synchronize_start: opt_sym!("sf_synchronize_start")?,
+                    wait_bucket: opt_sym!("sf_wait_bucket")?,
+                    start_gather: opt_sym!("sf_start_gather")?,
+                    wait_gather: opt_sym!("sf_wait_gather")?,
+                })
+            })(),
             _lib: lib,
         })
     }
@@ -353,6 +396,71 @@ impl<'a> Context<'a> {
         Ok(s)
     }
 
+    fn shard_api(&self, call: &'static str) -> Result<&ShardApi, SfError> {
+        self.api.shard.as_ref().ok_or_else(|| SfError {
+            call,
+            status: 6, // SF_ERR_UNSUPPORTED
+            status_text: "unsupported".into(),
+            message: format!("{call}: {} is older than sfsync 0.3 (no sharded windows)", self.api.path),
+        })
+    }
+
+    /// sf_set_shard_layout (before the buckets are built).
+    pub fn set_shard_layout(&self, layout: i32) -> Result<(), SfError> {
+        let s = self.shard_api("sf_set_shard_layout")?;
+        self.api.check("sf_set_shard_layout", unsafe { (s.set_shard_layout)(self.raw, layout) })
+    }
+
+    /// sf_register_parameter with data = NULL: a view of the plugin's flat
+    /// parameter buffer (sf_parameter_data after the buckets are built).
+    pub fn add_parameter(&self, id: i64, numel: i64, dtype: i32) -> Result<(), SfError> {
+        let s = self.shard_api("sf_register_parameter")?;
+        let status = unsafe { (s.register_parameter)(self.raw, id, ptr::null_mut(), numel, dtype, SF_DEVICE_HOST) };
+        self.api.check("sf_register_parameter", status)
+    }
+
+    pub fn parameter_data(&self, id: i64) -> Result<*mut c_void, SfError> {
+        let s = self.shard_api("sf_parameter_data")?;
+        let mut p: *mut c_void = ptr::null_mut();
+        self.api.check("sf_parameter_data", unsafe { (s.parameter_data)(self.raw, id, &mut p) })?;
+        Ok(p)
+    }
+
+    /// (offset, count): the elements of gradient/parameter `id` this rank owns.
+    pub fn shard_range(&self, id: i64) -> Result<(i64, i64), SfError> {
+        let s = self.shard_api("sf_shard_range")?;
+        let (mut off, mut cnt) = (0i64, 0i64);
+        self.api.check("sf_shard_range", unsafe { (s.shard_range)(self.raw, id, &mut off, &mut cnt) })?;
+        Ok((off, cnt))
+    }
+
+    pub fn gradient_bucket(&self, id: i64) -> Result<i64, SfError> {
+        let s = self.shard_api("sf_gradient_bucket")?;
+        let mut b = -1i64;
+        self.api.check("sf_gradient_bucket", unsafe { (s.gradient_bucket)(self.raw, id, &mut b) })?;
+        Ok(b)
+    }
+
+    pub fn synchronize_start(&self) -> Result<(), SfError> {
+        let s = self.shard_api("sf_synchronize_start")?;
+        self.api.check("sf_synchronize_start", unsafe { (s.synchronize_start)(self.raw) })
+    }
+
+    pub fn wait_bucket(&self, bucket: i64) -> Result<(), SfError> {
+        let s = self.shard_api("sf_wait_bucket")?;
+        self.api.check("sf_wait_bucket", unsafe { (s.wait_bucket)(self.raw, bucket) })
+    }
+
+    pub fn start_gather(&self, bucket: i64) -> Result<(), SfError> {
+        let s = self.shard_api("sf_start_gather")?;
+        self.api.check("sf_start_gather", unsafe { (s.start_gather)(self.raw, bucket) })
+    }
+
+    pub fn wait_gather(&self, bucket: i64) -> Result<(), SfError> {
+        let s = self.shard_api("sf_wait_gather")?;
+        self.api.check("sf_wait_gather", unsafe { (s.wait_gather)(self.raw, bucket) })
+    }
+
     /// (bytes, gradient count, dtype) of bucket `index`.
     pub fn bucket_info(&self, index: i64) -> Result<(i64, i64, i32), SfError> {
         let (mut bytes, mut grads, mut dtype) = (0i64, 0i64, -1i32);
@@ -391,6 +499,8 @@ mod tests {
             assert_eq!(addr_of!((*p).collectives_issued) as usize - base, 40);
             assert_eq!(addr_of!((*p).bytes_reduced) as usize - base, 56);
             assert_eq!(addr_of!((*p).sync_ns_total) as usize - base, 104);
+            assert_eq!(addr_of!((*p).reduce_scatters) as usize - base, 112);
+            assert_eq!(addr_of!((*p).bytes_gathered) as usize - base, 128);
         }
     }
 }

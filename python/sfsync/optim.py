@@ -1,0 +1,560 @@
+"""The optimizer of a GradientSync (``sync.optimizer(cls, params, **kw)``):
+any torch.optim class stepped bucket by bucket as each bucket's reduction
+completes, and, with ``GradientSync(shard_optimizer=True)``, on this rank's
+shard only (a distributed optimizer: sharded state, parameters gathered
+while the next forward runs).
+
+Unsharded (``shard_optimizer=False``): the window's last backward pass
+starts every bucket's all-reduce (sf_synchronize_start) and returns; inside
+``opt.step()`` each bucket is waited (sf_wait_bucket) and its parameters are
+stepped at once, so the step of bucket k overlaps the wire time of buckets
+k+1.. (DDP steps after the last bucket). A bucket holding a parameter this
+rank did not use in the window waits for the used-parameter mask (it rides
+in the last bucket), so a globally unused parameter keeps ``.grad = None``
+and is skipped, as with DDP.
+
+Sharded (``shard_optimizer=True, shard_layout="flat" | "parameter"``): every
+parameter lives in the plugin's flat parameter buffer (``p.data`` is a view,
+as ``p.grad`` is a view into the flat gradient buffer). At synchronization
+each bucket is reduce-scattered; this rank's range of parameter p
+(sf_shard_range) is a view ``p.data.view(-1)[off:off+count]`` (the whole
+``p.data`` when the rank owns all of it, e.g. layout "parameter"), and the
+inner optimizer is built over those shard tensors only, so its ``state``
+holds 1/W of the full optimizer's. bf16/fp16 parameters get float32 master
+shards (one float32 copy of the shard, none of the whole parameter),
+written back rounded before the gather. After a bucket's shard stepped its
+all-gather starts (sf_start_gather); the next forward's pre-hooks (one per
+module holding parameters) wait for the buckets of that module's parameters
+(sf_wait_gather), so the gather overlaps the forward. A module whose
+forward reads a parameter of another module that is not called (a parent
+using ``self.child.weight`` in its own forward) needs
+``sync.optimizer(..., overlap_gather=False)``: then every gather is waited when
+the model's forward starts. Read parameters outside a forward (evaluation
+code that reads ``p`` directly, saving) after ``opt.wait_parameters()``.
+The used-parameter mask is not a gradient there (it would be sharded): it
+is summed with one sf_allreduce_float64 after the reduce-scatters, so
+with ``find_unused_parameters=True`` (GradientSync's default) the shards
+step after every bucket is reduced; pass
+``find_unused_parameters=False`` for per-bucket steps.
+
+Gradients: in a sharded context only this rank's range of ``p.grad`` holds
+reduced values after synchronization; in both modes the gradients are final
+inside ``opt.step()`` / ``opt.clip_grad_norm_()`` (or after
+``opt.wait_gradients()``), not when ``sync.is_step()`` turns True.
+
+``opt.clip_grad_norm_(max_norm)`` clips by the global norm exactly as
+``torch.nn.utils.clip_grad_norm_`` over the full model would: unsharded it
+needs no collective, sharded one sf_allreduce_float64 of the squared shard
+norms (one value; with the used mask in the same call). Call it before
+``opt.step()``; it waits for every bucket (no per-bucket overlap then).
+
+State dicts: ``opt.state_dict()`` is the per-rank sharded form (the inner
+optimizer's own state dict over this rank's shard tensors, plus an
+``"sfsync"`` entry: rank, world size, layout and the shard ranges, and the
+float32 master shards of bf16 parameters); ``load_state_dict`` takes it back
+on the same rank, world size and layout. ``opt.full_state_dict()``
+(collective) gathers the full form: exactly what the same torch.optim class
+over the whole model would return (state keyed by parameter index, full-size
+tensors); ``load_state_dict`` also accepts that form, at any world size and
+layout (each rank slices its ranges). Unsharded, both forms are the inner
+optimizer's own state dict.
+
+``param_groups`` are the inner optimizer's: LR schedulers work unchanged. In
+a sharded context their ``"params"`` are this rank's shard tensors (possibly
+none in a group).
+"""
+
+import io
+import math
+import weakref
+
+import torch
+
+from sfsync import shard
+
+__all__ = ["SyncOptimizer"]
+
+_LOW = (torch.bfloat16, torch.float16)
+
+
+class _Slot:
+    """One model parameter and what this rank steps of it."""
+
+    __slots__ = ("index", "param", "gid", "bucket", "offset", "count", "tensor", "master")
+
+    def __init__(self, index, param, gid, bucket, offset, count):
+        self.index, self.param, self.gid, self.bucket = index, param, gid, bucket
+        self.offset, self.count = offset, count
+        self.tensor = None   # what the inner optimizer steps (None: nothing here)
+        self.master = False  # tensor is a float32 master copy of a bf16/fp16 shard
+
+
+class SyncOptimizer(torch.optim.Optimizer):
+    """See the module docstring. Made by ``GradientSync.optimizer``."""
+
+    def __init__(self, sync, optimizer_class, params, overlap_gather=True, **defaults):
+        if not (isinstance(optimizer_class, type) and
+                issubclass(optimizer_class, torch.optim.Optimizer)):
+            raise TypeError("sync.optimizer: optimizer_class must be a torch.optim.Optimizer "
+                            "subclass, not %r" % (optimizer_class,))
+        if sync._optimizer is not None:
+            raise RuntimeError("sync.optimizer: this GradientSync already has an optimizer")
+        self._sync = weakref.proxy(sync)
+        self._sharded = sync.shard_optimizer
+        ctx = sync.context
+        self._buckets = ctx.stats()["bucket_count"]
+        index_of = {id(p): i for i, p in enumerate(sync.params)}
+        self._slots = []
+        for i, (p, gid) in enumerate(zip(sync.params, sync._ids)):
+            off, cnt = shard.shard_range(ctx, gid) if self._sharded else (0, p.numel())
+            self._slots.append(_Slot(i, p, gid, shard.gradient_bucket(ctx, gid), off, cnt))
+        groups = list(params)
+        if not groups:
+            raise ValueError("sync.optimizer: got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        inner_groups, self._full_groups = [], []
+        seen = set()
+        for g in groups:
+            ps = g["params"]
+            ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+            slots = []
+            for p in ps:
+                i = index_of.get(id(p))
+                if i is None:
+                    raise ValueError("sync.optimizer: a parameter of shape %s is not one of the "
+                                     "GradientSync's (trainable parameters of its module)"
+                                     % list(p.shape))
+                if i in seen:
+                    raise ValueError("sync.optimizer: parameter %r appears in more than one "
+                                     "group" % sync.names[i])
+                seen.add(i)
+                slots.append(self._slots[i])
+            self._full_groups.append(slots)
+            tensors = [self._make_tensor(s) for s in slots]
+            inner_groups.append(dict(g, params=[t for t in tensors if t is not None]))
+        self._stepped = [s for group in self._full_groups for s in group if s.tensor is not None]
+        self._by_bucket = [[] for _ in range(self._buckets)]
+        for s in self._stepped:
+            self._by_bucket[s.bucket].append(s)
+        self._unstepped = [s for s in self._slots if s.index not in seen]
+        self.inner = optimizer_class(inner_groups, **defaults)
+        self.defaults = self.inner.defaults
+        if hasattr(self, "_hook_for_profile"):
+            self._hook_for_profile()
+        self._warned_capturable_if_run_uncaptured = True
+        for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):
+            if hasattr(torch.optim.Optimizer, "register_step_pre_hook"):
+                import collections
+                setattr(self, name, collections.OrderedDict())
+        self._phase = "idle"     # "reducing": started, not waited; "synchronized": waited
+        self._waited = set()     # buckets waited this window
+        self._gathering = set()  # buckets whose gather is in flight
+        self._global_used = None
+        self.local_used = None   # GradientSync's used mask at the window's last pass (unsharded)
+        self.steps = 0
+        self._hooks = []
+        if self._sharded:
+            self._install_gather_hooks(sync.module, overlap_gather)
+
+    # -- the inner optimizer's groups and state are this one's
+
+    @property
+    def param_groups(self):
+        return self.inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.inner.param_groups = value
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    @state.setter
+    def state(self, value):
+        self.inner.state = value
+
+    def __getstate__(self):
+        raise TypeError("an sfsync SyncOptimizer cannot be pickled: save opt.state_dict()")
+
+    def __repr__(self):
+        return "sfsync.%s(%s over %s, %d of %d parameters stepped here)" % (
+            type(self).__name__, "sharded" if self._sharded else "per-bucket",
+            type(self.inner).__name__, len(self._stepped), len(self._slots))
+
+    # -- set-up
+
+    def _make_tensor(self, s):
+        p = s.param
+        if not self._sharded:
+            s.tensor = p
+        elif s.count == 0:
+            return None
+        else:
+            whole = s.offset == 0 and s.count == p.numel()
+            view = p.data if whole else p.data.view(-1)[s.offset:s.offset + s.count]
+            if p.dtype in _LOW:
+                s.tensor = view.detach().to(torch.float32, copy=True)
+                s.master = True
+            else:
+                s.tensor = view.detach()
+        return s.tensor
+
+    def _install_gather_hooks(self, module, overlap):
+        by_param = {id(s.param): s.bucket for s in self._slots}
+        me = weakref.ref(self)
+        if not overlap:  # every gather waited when the model's forward starts
+            self._hooks.append(module.register_forward_pre_hook(
+                _gather_hook(me, list(range(self._buckets))[::-1])))
+            return
+        for m in module.modules():
+            buckets = sorted({by_param[id(p)] for p in m.parameters(recurse=False)
+                              if id(p) in by_param}, reverse=True)
+            if buckets:
+                self._hooks.append(m.register_forward_pre_hook(_gather_hook(me, buckets)))
+
+    def _detach(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    # -- called by GradientSync
+
+    def _window_closed(self):
+        """The window's last pass ended: start what is left of the bucket
+        collectives, wait for none."""
+        self._gathering.clear()  # the plugin waits for last window's gathers itself
+        shard.synchronize_start(self._sync.context)
+        self._phase = "reducing"
+        self._waited = set()
+        self._global_used = None
+
+    def _window_starts(self):
+        """A new window starts (forward at its start): a window that was
+        closed without a step is synchronized now (the step is skipped)."""
+        if self._phase == "reducing":
+            self._synchronize()
+        self._phase = "idle"
+
+    # -- waiting
+
+    def _wait(self, b):
+        if b not in self._waited:
+            shard.wait_bucket(self._sync.context, b)
+            self._waited.add(b)
+
+    def _synchronize(self):
+        """Wait for every bucket; the window check and count (sf_synchronize);
+        the used mask (sharded: one sf_allreduce_float64) and the buffers."""
+        sync = self._sync
+        sync.context.synchronize()
+        self._waited = set(range(self._buckets))
+        if self._sharded and sync._mask is not None:
+            self.wait_parameters()
+            shard.allreduce_float64(sync.context, sync._mask)
+        sync._after_synchronize()
+        self._phase = "synchronized"
+
+    def wait_gradients(self):
+        """Wait for every bucket's reduction now (the gradients are final:
+        in a sharded context, this rank's ranges)."""
+        if self._phase == "reducing":
+            self._synchronize()
+
+    def wait_parameters(self):
+        """Wait for every parameter gather in flight (sharded): afterwards
+        every parameter is whole on this rank."""
+        if self._gathering:
+            shard.wait_gather(self._sync.context, -1)
+            self._gathering.clear()
+
+    def _wait_gathers(self, buckets):
+        ctx = self._sync.context
+        for b in buckets:
+            if b in self._gathering:
+                shard.wait_gather(ctx, b)
+                self._gathering.discard(b)
+
+    # -- stepping
+
+    def _grad_of(self, s):
+        g = s.param.grad
+        if g is None:
+            return None
+        if not self._sharded:
+            return g
+        piece = g if s.tensor.shape == g.shape else g.view(-1)[s.offset:s.offset + s.count]
+        return piece.to(torch.float32) if s.master else piece
+
+    def _step_slots(self, slots):
+        if not slots:
+            return
+        if self._sharded:
+            for s in slots:
+                g = self._grad_of(s)
+                if g is not None and self._scale is not None:
+                    g = g * self._scale if s.master else g.mul_(self._scale)
+                s.tensor.grad = g
+        keep = set(id(s.tensor) for s in slots)
+        saved = [g["params"] for g in self.inner.param_groups]
+        try:
+            for g in self.inner.param_groups:
+                g["params"] = [t for t in g["params"] if id(t) in keep]
+            self.inner.step()
+        finally:
+            for g, ps in zip(self.inner.param_groups, saved):
+                g["params"] = ps
+        if self._sharded:
+            with torch.no_grad():
+                for s in slots:
+                    if s.master:
+                        p = s.param.data
+                        view = p if s.tensor.shape == p.shape else \
+                            p.view(-1)[s.offset:s.offset + s.count]
+                        view.copy_(s.tensor)
+
+    def _step_bucket(self, b):
+        self._step_slots(self._by_bucket[b])
+        if self._sharded:
+            shard.start_gather(self._sync.context, b)
+            self._gathering.add(b)
+
+    _scale = None  # the clipping factor for sharded master gradients (None: 1)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Step every parameter this rank owns (the inner optimizer's step),
+        bucket by bucket as reductions complete; sharded: start each bucket's
+        gather after its step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        sync = self._sync
+        if self._sharded and self._phase == "idle":
+            raise RuntimeError("sfsync: opt.step() before synchronization: a sharded optimizer "
+                               "steps once per window, after the window's last backward pass "
+                               "(when sync.is_step() is True); the gradients of this rank's "
+                               "shard are not reduced yet")
+        if self._phase == "stepped":
+            raise RuntimeError("sfsync: opt.step() was already called for window %d; step once "
+                               "per window (when sync.is_step() is True)" % sync.windows)
+        try:
+            if self._phase == "reducing" and not (self._sharded and sync._mask is not None):
+                self._step_per_bucket()
+            else:
+                self.wait_gradients()
+                for b in range(self._buckets):
+                    self._step_bucket(b)
+        finally:
+            self._scale = None
+        self._phase = "stepped" if self._sharded else "idle"
+        self.steps += 1
+        return loss
+
+    def _step_per_bucket(self):
+        sync = self._sync
+        deferred = []
+        used = self.local_used if sync._mask is not None else None
+        mask_bucket = (shard.gradient_bucket(sync.context, sync._mask_id)
+                       if used is not None and sync._mask_id is not None else None)
+        for b in range(self._buckets):
+            self._wait(b)
+            if used is not None and b != mask_bucket and mask_bucket not in self._waited and \
+                    any(used[s.index] == 0 for s in self._by_bucket[b]):
+                deferred.append(b)  # needs the global mask: after the mask's bucket
+                continue
+            if b == mask_bucket:
+                for s in self._slots:  # the global mask is here: unused grads None first
+                    if sync._mask[s.index] == 0:
+                        s.param.grad = None
+            self._step_bucket(b)
+        self._synchronize()
+        for b in deferred:
+            self._step_bucket(b)
+
+    def zero_grad(self, set_to_none=False):
+        """Zero the gradients (GradientSync.zero_grad: the flat buffer in
+        place, or None with set_to_none=True, re-attached at the next
+        window); the shard tensors' gradients are dropped."""
+        self._sync.zero_grad(set_to_none=set_to_none)
+        if self._sharded:
+            for s in self._stepped:
+                s.tensor.grad = None
+
+    # -- clipping
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """torch.nn.utils.clip_grad_norm_ over every parameter of the sync's
+        module (the global gradient norm); returns the total norm. Sharded:
+        one sf_allreduce_float64 of the shard's sum of |g|^p. Before step()."""
+        max_norm, norm_type = float(max_norm), float(norm_type)
+        if math.isinf(norm_type) or norm_type <= 0:
+            raise ValueError("clip_grad_norm_: norm_type must be a finite p > 0, not %r"
+                             % norm_type)
+        self.wait_gradients()
+        grads = [g for g in (self._grad_of(s) for s in
+                             (self._slots if not self._sharded else self._stepped_or_owned()))
+                 if g is not None]
+        total = sum(float(g.double().abs().pow(norm_type).sum()) for g in grads)
+        if self._sharded:
+            t = torch.tensor([total], dtype=torch.float64)
+            shard.allreduce_float64(self._sync.context, t)
+            total = float(t[0])
+        norm = total ** (1.0 / norm_type)
+        coef = torch.clamp(torch.tensor(max_norm / (norm + 1e-6), dtype=torch.float32), max=1.0)
+        if self._sharded:
+            self._scale = coef
+        else:
+            for g in grads:
+                g.mul_(coef.to(g.dtype))
+        return torch.tensor(norm, dtype=torch.float32)
+
+    def _stepped_or_owned(self):
+        # every owned range (a parameter outside the optimizer's groups
+        # counts in the model's norm too: torch's function sees all)
+        out = list(self._stepped)
+        out += [s for s in self._unstepped if s.count > 0]
+        for s in out:
+            if s.tensor is None:
+                self._make_tensor(s)
+        return out
+
+    # -- state dicts
+
+    def _meta(self):
+        sync = self._sync
+        return {"rank": sync.rank, "world_size": sync.world_size,
+                "layout": sync.shard_layout, "sharded": self._sharded,
+                "ranges": [(s.index, s.offset, s.count) for s in self._stepped],
+                "master": [s.tensor.clone() if s.master else None for s in self._stepped]}
+
+    def state_dict(self):
+        """The per-rank sharded form (see the module docstring); unsharded
+        the inner optimizer's own (= the full form)."""
+        sd = self.inner.state_dict()
+        if self._sharded:
+            sd["sfsync"] = self._meta()
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Takes either form: the sharded one of this rank (same world size
+        and layout), or the full one (any world size and layout)."""
+        meta = state_dict.get("sfsync")
+        if not self._sharded:
+            if meta is not None:
+                raise ValueError("load_state_dict: a sharded state dict (rank %d of %d); this "
+                                 "optimizer is not sharded: load the full form "
+                                 "(full_state_dict())" % (meta["rank"], meta["world_size"]))
+            return self.inner.load_state_dict(state_dict)
+        if meta is None:
+            return self._load_full(state_dict)
+        mine = self._meta()
+        for key in ("rank", "world_size", "layout", "ranges"):
+            if [tuple(x) for x in meta[key]] != [tuple(x) for x in mine[key]] \
+                    if key == "ranges" else meta[key] != mine[key]:
+                raise ValueError("load_state_dict: the sharded state dict's %s (%r) differs from "
+                                 "this optimizer's (%r): load the full form instead"
+                                 % (key, meta[key] if key != "ranges" else "shard ranges",
+                                    mine[key] if key != "ranges" else "shard ranges"))
+        inner = {k: v for k, v in state_dict.items() if k != "sfsync"}
+        self.inner.load_state_dict(inner)
+        with torch.no_grad():
+            for s, m in zip(self._stepped, meta["master"]):
+                if m is not None:
+                    s.tensor.copy_(m)
+
+    def _load_full(self, sd):
+        full_index = [s for group in self._full_groups for s in group]
+        if len(sd["param_groups"]) != len(self._full_groups):
+            raise ValueError("load_state_dict: the full state dict has %d param groups, this "
+                             "optimizer %d" % (len(sd["param_groups"]), len(self._full_groups)))
+        # the inner optimizer's numbering: its params in order (the owned shards)
+        inner_index = {id(s.tensor): k for k, s in enumerate(self._stepped)}
+        state = {}
+        for k, s in enumerate(full_index):
+            entry = sd["state"].get(k)
+            if entry is None or s.tensor is None:
+                continue
+            mine = {}
+            for key, v in entry.items():
+                if isinstance(v, torch.Tensor) and v.numel() == s.param.numel() and v.dim() > 0:
+                    v = v.reshape(-1)[s.offset:s.offset + s.count].reshape(s.tensor.shape)
+                mine[key] = v.clone() if isinstance(v, torch.Tensor) else v
+            state[inner_index[id(s.tensor)]] = mine
+        groups = []
+        start = 0
+        for g, slots in zip(sd["param_groups"], self._full_groups):
+            ids = [inner_index[id(s.tensor)] for s in slots if s.tensor is not None]
+            groups.append(dict(g, params=ids))
+            start += len(slots)
+        self.inner.load_state_dict({"state": state, "param_groups": groups})
+        with torch.no_grad():  # bf16: the masters restart from the parameters
+            for s in self._stepped:
+                if s.master:
+                    p = s.param.data
+                    s.tensor.copy_(p if s.tensor.shape == p.shape else
+                                   p.view(-1)[s.offset:s.offset + s.count])
+
+    def full_state_dict(self):
+        """Collective (every rank calls it): the full form, the state dict the
+        same torch.optim class over the whole model would have, on every rank."""
+        if not self._sharded:
+            return self.inner.state_dict()
+        sync = self._sync
+        ctx, world = sync.context, sync.world_size
+        mine = self.inner.state_dict()
+        pieces = {}
+        for k, s in enumerate(self._stepped):
+            if mine["state"].get(k):
+                pieces[s.index] = (s.offset, s.count, mine["state"][k])
+        buf = io.BytesIO()
+        torch.save(pieces, buf)
+        payload = buf.getvalue()
+        sizes = torch.zeros(world, dtype=torch.float64)
+        sizes[sync.rank] = len(payload)
+        shard.allreduce_float64(ctx, sizes)
+        every = {}
+        for r in range(world):
+            data = torch.zeros(int(sizes[r]), dtype=torch.uint8)
+            if r == sync.rank:
+                data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+            if world > 1 and data.numel():
+                ctx.broadcast(data, r)
+            got = torch.load(io.BytesIO(data.numpy().tobytes())) if data.numel() else {}
+            for index, piece in got.items():
+                every.setdefault(index, []).append(piece)
+        full_index = [s for group in self._full_groups for s in group]
+        state = {}
+        for k, s in enumerate(full_index):
+            parts = every.get(s.index)
+            if not parts:
+                continue
+            entry = {}
+            for off, cnt, st in parts:
+                for key, v in st.items():
+                    if isinstance(v, torch.Tensor) and v.dim() > 0 and v.numel() == cnt:
+                        if key not in entry:
+                            entry[key] = torch.zeros(s.param.numel(), dtype=v.dtype)
+                        entry[key][off:off + cnt] = v.reshape(-1)
+                    elif key not in entry:
+                        entry[key] = v
+            for key, v in entry.items():
+                if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == s.param.numel():
+                    entry[key] = v.view(s.param.shape)
+            state[k] = entry
+        groups, start = [], 0
+        for g, slots in zip(mine["param_groups"], self._full_groups):
+            groups.append(dict(g, params=list(range(start, start + len(slots)))))
+            start += len(slots)
+        return {"state": state, "param_groups": groups}
+
+
+def _gather_hook(me, buckets):
+    def hook(module, inputs):
+        opt = me()
+        if opt is not None and opt._gathering:
+            opt._wait_gathers(buckets)
+    return hook
