@@ -76,7 +76,7 @@ int64_t fuzzedNumel(FuzzedDataProvider& in) {
 // ASan makes at all (2^40 bytes: the allocation fails, never reaching the
 // limit's hook, and sf_build_buckets must say SF_ERR_OUT_OF_MEMORY), never in
 // between. Sizes near 2^61..2^63 elements keep testing the overflow checks.
-constexpr int64_t kOwnedBudget = int64_t(1) << 28;
+constexpr int64_t kOwnedBudget = int64_t(1) << 24;
 constexpr int64_t kRefusedBytes = int64_t(1) << 41;
 
 // `numel` as fuzzed, or, where the flat buffer would become a legal

@@ -18,7 +18,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 dir=$repo/build-fuzz
-if [ "${1:-}" = "--build-dir" ]; then dir=$2; shift 2; fi
+if [ "${1:-}" = "--build-dir" ]; then dir=$(realpath -m "$2"); shift 2; fi
 if ! command -v clang++-14 > /dev/null || ! command -v clang-14 > /dev/null; then
   if [ "${CI:-}" = "true" ]; then
     echo "fuzz: FAIL (CI=true): clang-14 is not installed (apt-get install clang-14)"
