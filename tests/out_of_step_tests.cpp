@@ -31,15 +31,21 @@ struct Plan {
   sf_reduce_op op = SF_REDUCE_AVERAGE;
   double prescale = 1.0;
   sf_dtype wire = SF_DTYPE_FLOAT32;  // SF_WIRE_DTYPE: float32 buckets may travel as 16 bits
+  std::vector<sf_dtype> dtypes;  // per gradient (mixed layouts); empty: every gradient is `dtype`
+  int laterSyncs = 0;  // after a failed synchronize, this many more windows and synchronizes
 };
 
 struct Outcome {
   sf_status status = SF_OK;
   std::string error;
   int failedAtSync = -1;  // index of the sf_synchronize call that failed
+  std::vector<sf_status> later;  // statuses of the synchronizes after the failure
+  std::vector<std::string> laterErrors;
+  int64_t laterCollectives = 0;  // collectives the later synchronizes issued (none: the context is failed)
   std::vector<int64_t> collectivesPerSync;
   int64_t buckets = 0;
   double worst = 0;  // |gradient - expected| over all elements after each good sync
+  int checked = 0;   // good synchronizes whose values were compared with the expected ones
 };
 
 constexpr int kGrads = 6;
@@ -58,17 +64,17 @@ Outcome runRank(const Plan& plan, int world, int rank, const std::string& rdv) {
     out.error = sf_last_error();
     return out;
   }
-  const size_t esize = sfsync::dtypeSize(plan.dtype);
+  auto dtypeOf = [&](int g) { return plan.dtypes.empty() ? plan.dtype : plan.dtypes[size_t(g)]; };
   std::vector<std::vector<char>> own(static_cast<size_t>(kGrads));
   std::vector<char*> data(static_cast<size_t>(kGrads));
   for (int g = 0; g < kGrads; ++g) {
     const int64_t numel = 8 + g;
     int64_t id = -1;
     if (plan.flat) {
-      sf_add_gradient(h.ctx, numel, plan.dtype, SF_DEVICE_HOST, nullptr, &id);
+      sf_add_gradient(h.ctx, numel, dtypeOf(g), SF_DEVICE_HOST, nullptr, &id);
     } else {
-      own[size_t(g)].assign(size_t(numel) * esize, 0);
-      sf_register_gradient(h.ctx, own[size_t(g)].data(), numel, plan.dtype, SF_DEVICE_HOST,
+      own[size_t(g)].assign(size_t(numel) * sfsync::dtypeSize(dtypeOf(g)), 0);
+      sf_register_gradient(h.ctx, own[size_t(g)].data(), numel, dtypeOf(g), SF_DEVICE_HOST,
                            nullptr, &id);
     }
     if (id != g) {
@@ -90,8 +96,8 @@ Outcome runRank(const Plan& plan, int world, int rank, const std::string& rdv) {
   auto microBatch = [&](bool outside) {
     for (int g = kGrads - 1; g >= 0; --g) {
       for (int64_t i = 0; i < 8 + g; ++i) {
-        char* e = data[size_t(g)] + size_t(i) * esize;
-        switch (plan.dtype) {
+        char* e = data[size_t(g)] + size_t(i) * sfsync::dtypeSize(dtypeOf(g));
+        switch (dtypeOf(g)) {
           case SF_DTYPE_FLOAT32: *reinterpret_cast<float*>(e) += 1.0f; break;
           case SF_DTYPE_FLOAT64: *reinterpret_cast<double*>(e) += 1.0; break;
           case SF_DTYPE_FLOAT16: {
@@ -114,8 +120,8 @@ Outcome runRank(const Plan& plan, int world, int rank, const std::string& rdv) {
     (void)outside;
   };
   auto value = [&](int g, int64_t i) {
-    const char* e = data[size_t(g)] + size_t(i) * esize;
-    switch (plan.dtype) {
+    const char* e = data[size_t(g)] + size_t(i) * sfsync::dtypeSize(dtypeOf(g));
+    switch (dtypeOf(g)) {
       case SF_DTYPE_FLOAT32: return double(*reinterpret_cast<const float*>(e));
       case SF_DTYPE_FLOAT64: return *reinterpret_cast<const double*>(e);
       case SF_DTYPE_FLOAT16: return double(sfsync::halfToFloat(*reinterpret_cast<const uint16_t*>(e)));
@@ -138,6 +144,7 @@ Outcome runRank(const Plan& plan, int world, int rank, const std::string& rdv) {
     const int64_t now = statsOf(h.ctx).collectives_issued;
     out.collectivesPerSync.push_back(now - before);
     before = now;
+    if (expected >= 0) ++out.checked;
     for (int g = 0; g < kGrads && expected >= 0; ++g) {
       for (int64_t i = 0; i < 8 + g; ++i) out.worst = std::fmax(out.worst, std::fabs(value(g, i) - expected));
     }
@@ -161,19 +168,37 @@ Outcome runRank(const Plan& plan, int world, int rank, const std::string& rdv) {
     }
     microBatch(true);
     if (rank == plan.skipRank && int(w) == plan.skipWindow) continue;
-    // Every rank holds n = micro[w] in every element; checked only when all
-    // ranks ran windows of the same length.
+    // Every element holds micro[r][w] on rank r: after the reduction, the sum
+    // over the ranks (divided by the world size for an average). Checked in
+    // every window that all ranks synchronize in step (before a skip or an
+    // extra synchronization).
     double expected = -1;
-    bool even = true;
-    for (const auto& m : plan.micro) even = even && m.size() > w && m[w] == n;
-    if (even && plan.skipRank < 0 && plan.extraRank < 0) {
-      if (plan.op == SF_REDUCE_AVERAGE) expected = n;
-      if (plan.op == SF_REDUCE_SUM) expected = double(n) * world;
-      if (plan.op == SF_REDUCE_PRESCALED_SUM) expected = double(n) * world * plan.prescale;
+    double total = 0;
+    bool all = true;
+    for (const auto& m : plan.micro) {
+      all = all && m.size() > w;
+      if (m.size() > w) total += m[w];
+    }
+    const bool inStep = (plan.skipRank < 0 || int(w) < plan.skipWindow) &&
+                        (plan.extraRank < 0 || int(w) <= plan.extraWindow);
+    if (all && inStep) {
+      if (plan.op == SF_REDUCE_AVERAGE) expected = total / world;
+      if (plan.op == SF_REDUCE_SUM) expected = total;
+      if (plan.op == SF_REDUCE_PRESCALED_SUM) expected = total * plan.prescale;
     }
     if (!synchronize(expected)) break;
     if (rank == plan.extraRank && int(w) == plan.extraWindow && !synchronize(-1)) break;
   }
+  // A failed context stays failed: later windows and synchronizes (each
+  // one must fail, with the first failure's status).
+  const int64_t failedAt = statsOf(h.ctx).collectives_issued;
+  for (int k = 0; k < plan.laterSyncs && out.status != SF_OK; ++k) {
+    sf_zero_gradients(h.ctx);
+    microBatch(true);
+    out.later.push_back(sf_synchronize(h.ctx));
+    out.laterErrors.push_back(sf_last_error());
+  }
+  out.laterCollectives = statsOf(h.ctx).collectives_issued - failedAt;
   out.buckets = statsOf(h.ctx).bucket_count;
   return out;
 }
@@ -203,6 +228,7 @@ void expectClean(const std::vector<Outcome>& outcomes, size_t syncs) {
       BOOST_TEST(outcomes[r].buckets > 1);
       // One collective per bucket per window: the check adds none.
       for (int64_t c : outcomes[r].collectivesPerSync) BOOST_TEST(c == outcomes[r].buckets);
+      BOOST_TEST(outcomes[r].checked == int(syncs));  // every window's values were compared
       BOOST_TEST(outcomes[r].worst == 0.0);
     }
   }
@@ -358,17 +384,78 @@ BOOST_AUTO_TEST_CASE(four_ranks_gloo_threads_16_bit_layouts_detect_too) {
 }
 
 BOOST_AUTO_TEST_CASE(a_failed_check_fails_every_later_synchronize) {
+  // Rank 1 adds a synchronization in window 1; both ranks then keep going:
+  // three more windows each, every synchronize fails the same way, at once.
   Plan p;
   p.micro = {{2, 2, 2, 2}, {2, 2, 2, 2}};
   p.extraRank = 1;
   p.extraWindow = 1;
-  const std::string rdv = "memory://" + uniqueName("step-after");
-  auto out = runThreadRanks<std::pair<Outcome, sf_status>>(2, [&](int r) {
-    std::pair<Outcome, sf_status> result;
-    result.first = runRank(p, 2, r, rdv);
-    return result;
-  });
-  for (auto& o : out) BOOST_TEST(o.first.status == SF_ERR_MISMATCH, o.first.error);
+  p.laterSyncs = 3;
+  const auto out = runPlan(p, 2);
+  expectOutOfStep(out, 2, 3);
+  for (size_t r = 0; r < out.size(); ++r) {
+    BOOST_TEST_CONTEXT("rank " << r) {
+      BOOST_TEST_REQUIRE(out[r].later.size() == 3u);
+      for (size_t k = 0; k < out[r].later.size(); ++k) {
+        BOOST_TEST(out[r].later[k] == SF_ERR_MISMATCH, out[r].laterErrors[k]);
+        // The first failure's error, said again at once ("failed earlier").
+        BOOST_TEST(out[r].laterErrors[k].find("failed earlier") != std::string::npos, out[r].laterErrors[k]);
+        BOOST_TEST(out[r].laterErrors[k].find("out of step") != std::string::npos, out[r].laterErrors[k]);
+      }
+      BOOST_TEST(out[r].laterCollectives == 0);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(four_ranks_gloo_threads_bfloat16_more_windows_than_the_modulus) {
+  // A bfloat16 layout on 4 ranks compares window numbers modulo p = 9: 14
+  // windows of uneven lengths wrap the numbers (no false alarm, every value
+  // checked), and a skip after the wrap is still found, naming the real
+  // window numbers (not their residues).
+  const std::vector<std::vector<int>> micro = {{1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2},
+                                               {3, 1, 1, 2, 2, 1, 3, 1, 1, 2, 2, 1, 3, 1},
+                                               {2, 2, 1, 1, 3, 2, 2, 2, 1, 1, 3, 2, 2, 2},
+                                               {1, 1, 2, 3, 1, 1, 1, 1, 2, 3, 1, 1, 1, 1}};
+  for (bool flat : {true, false}) {
+    BOOST_TEST_CONTEXT((flat ? "flat" : "host buffers")) {
+      Plan p;
+      p.micro = micro;
+      p.flat = flat;
+      p.gradReady = false;
+      p.dtype = SF_DTYPE_BFLOAT16;
+      expectClean(runPlan(p, 4), 14);
+      p.skipRank = 2;
+      p.skipWindow = 11;
+      auto out = runPlan(p, 4);
+      expectOutOfStep(out, 12, 13);
+      for (size_t r = 0; r < out.size(); ++r) BOOST_TEST(out[r].failedAtSync == 11);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_mixed_dtypes) {
+  // One layout of all four dtypes: the check rides in one host bucket, the
+  // values of every dtype are as expected with uneven lengths, and a skip or
+  // an extra synchronization is found.
+  Plan p;
+  p.micro = {{3, 1, 2, 4, 1}, {1, 2, 2, 1, 3}};
+  p.dtypes = {SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16, SF_DTYPE_FLOAT16,
+              SF_DTYPE_FLOAT64, SF_DTYPE_BFLOAT16, SF_DTYPE_FLOAT32};
+  for (sf_reduce_op op : {SF_REDUCE_AVERAGE, SF_REDUCE_SUM}) {
+    BOOST_TEST_CONTEXT("op " << op) {
+      p.op = op;
+      expectClean(runPlan(p, 2), 5);
+    }
+  }
+  Plan skip = p;
+  skip.gradReady = false;
+  skip.skipRank = 0;
+  skip.skipWindow = 2;
+  expectOutOfStep(runPlan(skip, 2), 3, 4);
+  Plan extra = p;
+  extra.extraRank = 1;
+  extra.extraWindow = 3;
+  expectOutOfStep(runPlan(extra, 2), 4, 5);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -41,6 +41,7 @@
 #include "plugin/rendezvous/store_protocol.h"
 #include "plugin/rendezvous/tcp_store.h"
 #include "plugin/tools/silent_listener.h"
+#include "tests/support/bounded.h"
 #include "tests/support/processes.h"
 #include "tests/support/thread_ranks.h"
 
@@ -49,53 +50,25 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// The documented slack (README "Rendezvous, timeouts and trust").
-constexpr double kSlackSeconds = 2.0;
+using sftest::expectBounded;
+using Outcome = sftest::Bounded;
 
-struct Outcome {
-  bool finished = false;
-  sf_status status = SF_OK;
-  std::string message;
-  double seconds = 0;
-};
-
-// Runs f on its own thread and waits at most limitSeconds for it. A body
-// that hangs is left behind (the test has failed by then) so that the suite
-// goes on.
+// Runs f on its own thread (tests/support/bounded.h); a thrown sfsync::Error
+// becomes its status and message.
 Outcome bounded(std::function<void()> f, double limitSeconds) {
-  struct Shared {
-    std::mutex m;
-    std::condition_variable cv;
-    Outcome out;
-  };
-  auto shared = std::make_shared<Shared>();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::thread([shared, f, t0] {
-    Outcome o;
-    try {
-      f();
-    } catch (const Error& e) {
-      o.status = e.status();
-      o.message = e.what();
-    } catch (const std::exception& e) {
-      o.status = SF_ERR_INTERNAL;  // what the C boundary would return
-      o.message = e.what();
-    }
-    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    o.finished = true;
-    std::lock_guard<std::mutex> lock(shared->m);
-    shared->out = o;
-    shared->cv.notify_all();
-  }).detach();
-  std::unique_lock<std::mutex> lock(shared->m);
-  shared->cv.wait_for(lock, std::chrono::duration<double>(limitSeconds),
-                      [&] { return shared->out.finished; });
-  Outcome o = shared->out;
-  if (!o.finished) {
-    o.seconds = limitSeconds;
-    o.message = "still waiting after " + std::to_string(limitSeconds) + " s";
-  }
-  return o;
+  return sftest::boundedRun(
+      [f](Outcome& o) {
+        try {
+          f();
+        } catch (const Error& e) {
+          o.status = e.status();
+          o.message = e.what();
+        } catch (const std::exception& e) {
+          o.status = SF_ERR_INTERNAL;  // what the C boundary would return
+          o.message = e.what();
+        }
+      },
+      limitSeconds);
 }
 
 // A TCP listener that never accepts nor answers: a wedged rank 0, a
@@ -172,15 +145,6 @@ std::vector<char> glooAddressBlob(const char* ip, int port) {
   a.sin_port = htons(uint16_t(port));
   ::inet_pton(AF_INET, ip, &a.sin_addr);
   return gloo::transport::tcp::Address(reinterpret_cast<sockaddr*>(&a), sizeof a).bytes();
-}
-
-void expectBounded(const Outcome& o, double timeoutSeconds, std::initializer_list<sf_status> ok) {
-  BOOST_TEST(o.finished, o.message);
-  bool statusOk = false;
-  for (sf_status s : ok) statusOk = statusOk || o.status == s;
-  BOOST_TEST(statusOk, "status " << o.status << ": " << o.message);
-  BOOST_TEST(o.seconds <= timeoutSeconds + kSlackSeconds,
-             "error after " << o.seconds << " s, timeout " << timeoutSeconds << " s");
 }
 
 // A store server on 127.0.0.1:port that reads its job token from `var`.

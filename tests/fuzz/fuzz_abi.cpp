@@ -69,6 +69,41 @@ int64_t fuzzedNumel(FuzzedDataProvider& in) {
   }
 }
 
+// libFuzzer's -malloc_limit_mb (4096 in run.sh) reports any allocation above
+// it as an out-of-memory finding, a legal one too (fuzz_abi once failed a
+// ctest run on a 5.6 GB flat buffer). So a context's plugin-owned bytes stay
+// within kOwnedBudget, or reach kRefusedBytes, above the largest allocation
+// ASan makes at all (2^40 bytes: the allocation fails, never reaching the
+// limit's hook, and sf_build_buckets must say SF_ERR_OUT_OF_MEMORY), never in
+// between. Sizes near 2^61..2^63 elements keep testing the overflow checks.
+constexpr int64_t kOwnedBudget = int64_t(1) << 24;
+constexpr int64_t kRefusedBytes = int64_t(1) << 41;
+
+// `numel` as fuzzed, or, where the flat buffer would become a legal
+// allocation above the budget, a size that fits the budget (or, with the
+// budget spent, one that is refused).
+int64_t boundedNumel(int64_t ownedBytes, int64_t numel, sf_dtype dt) {
+  if (numel <= 0) return numel;
+  const int64_t esize = int64_t(dtypeSize(dt));
+  int64_t bytes = 0, total = 0;
+  if (__builtin_mul_overflow(numel, esize, &bytes) || __builtin_add_overflow(ownedBytes, bytes, &total) ||
+      total >= kRefusedBytes || total <= kOwnedBudget) {
+    return numel;
+  }
+  const int64_t room = (kOwnedBudget - ownedBytes) / esize;
+  return room > 0 ? 1 + numel % room : kRefusedBytes / esize;
+}
+
+// The bytes registered so far plus numel's, saturating.
+int64_t addedBytes(int64_t ownedBytes, int64_t numel, sf_dtype dt) {
+  int64_t bytes = 0, total = 0;
+  if (__builtin_mul_overflow(numel, int64_t(dtypeSize(dt)), &bytes) ||
+      __builtin_add_overflow(ownedBytes, bytes, &total)) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return total;
+}
+
 struct Grad {
   int64_t numel;
   sf_dtype dtype;
@@ -85,10 +120,12 @@ struct Session {
   bool broken = false;  // a sync failed: counters are no longer predictable
   int64_t collectivesAtSync = 0;  // collectives_issued after the last synchronization
   bool readySinceSync = false;    // a bucket may have captured its gradients already
+  int64_t ownedBytes = 0;         // plugin-owned bytes registered (saturating)
 
   void destroy() {
     sf_destroy(ctx);
     ctx = nullptr;
+    ownedBytes = 0;
     grads.clear();
     syncs = collectivesAtSync = 0;
     readySinceSync = false;
@@ -220,9 +257,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 2: {  // a plugin-owned gradient
         const sf_dtype dt = in.ConsumeIntegralInRange<int32_t>(-1, 4);
-        const int64_t numel = fuzzedNumel(in);
+        const int64_t numel = boundedNumel(s.ownedBytes, fuzzedNumel(in), dt);
         int64_t id = -1;
         if (checkedStatus(sf_add_gradient(s.ctx, numel, dt, SF_DEVICE_HOST, nullptr, &id)) == SF_OK) {
+          s.ownedBytes = addedBytes(s.ownedBytes, numel, dt);
           check(id == int64_t(s.grads.size()), "ids in registration order");
           s.grads.push_back(Grad{numel, dt, true, nullptr});
         }

@@ -3,6 +3,7 @@
 # interposer under real hosts).
 
 find_package(Boost 1.74 REQUIRED COMPONENTS unit_test_framework)
+include(${PROJECT_SOURCE_DIR}/tests/support/checked_test.cmake)
 set(SF_SHIM_TESTS ${CMAKE_CURRENT_LIST_DIR})
 
 # Decision logic (shim/policy/), driven directly: no interposition. The
@@ -34,20 +35,27 @@ set(SF_PYTHON /usr/bin/python3 CACHE FILEPATH "Python with Debian's torch, for t
 execute_process(COMMAND ${SF_PYTHON} -c "import torch.distributed as d; assert d.is_gloo_available()"
                 RESULT_VARIABLE SF_NO_TORCH OUTPUT_QUIET ERROR_QUIET)
 if(SF_NO_TORCH)
-  message(STATUS "shim: ${SF_PYTHON} has no torch with Gloo: no DDP tests")
+  sf_missing_prerequisite(NAME shim_ddp_tests LABELS "shim;torch"
+    REASON "${SF_PYTHON} has no torch with Gloo: the shim's DDP tests cannot run")
 else()
   set(ddp ${SF_PYTHON} ${SF_SHIM_TESTS}/ddp_accumulation.py --steps 4)
   set(ref ${CMAKE_CURRENT_BINARY_DIR}/shim_ddp_reference.pt)
   set(reports ${CMAKE_CURRENT_BINARY_DIR}/reports)
   set(preload LD_PRELOAD=$<TARGET_FILE:sfsync_shim>)
+  # PASS: a regex the output must match, besides exit status EXIT (0 unless
+  # given: SF_STRICT=1 runs end in the host's RuntimeError, exit status 1).
   function(sf_shim_ddp_test name)
-    cmake_parse_arguments(T "" "" "ARGS;ENV;PASS" ${ARGN})
-    add_test(NAME ${name} COMMAND ${ddp} ${T_ARGS})
+    cmake_parse_arguments(T "" "EXIT" "ARGS;ENV;PASS" ${ARGN})
+    if(NOT DEFINED T_EXIT)
+      set(T_EXIT 0)
+    endif()
+    set(expect)
+    if(T_PASS)
+      set(expect EXPECT "${T_PASS}")
+    endif()
+    sf_add_checked_test(NAME ${name} ${expect} EXIT_CODE ${T_EXIT} COMMAND ${ddp} ${T_ARGS})
     set_tests_properties(${name} PROPERTIES LABELS "shim;torch" TIMEOUT 120
       FIXTURES_REQUIRED shim_ddp_reference ENVIRONMENT "${T_ENV}")
-    if(T_PASS)
-      set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS}")
-    endif()
   endfunction()
 
   add_test(NAME shim_ddp_reference_no_sync
@@ -64,7 +72,9 @@ else()
   sf_shim_ddp_test(shim_ddp_automatic_windows
     ARGS --mode plain --reference ${ref} --check-grads --local-from 6
          --report ${reports}/automatic-%r.json --expect auto
-    ENV "${preload};SF_ACCUMULATION_STEPS=4;SF_SHIM_REPORT=${reports}/automatic-%r.json")
+    ENV "${preload};SF_ACCUMULATION_STEPS=4;SF_SHIM_REPORT=${reports}/automatic-%r.json;SF_DEBUG=INFO"
+    # The automatic mode says at INFO that it cannot see weights.
+    PASS "INFO shim SF_ACCUMULATION_STEPS=4: automatic windows of 4 backward passes.*verify_every=K.*\nOK\n")
   # Without windows the shim only counts: N x the bytes (the baseline).
   sf_shim_ddp_test(shim_ddp_passthrough
     ARGS --mode plain --reference ${ref} --check-grads
@@ -88,7 +98,7 @@ else()
     PASS "${nosync_said}")
   sf_shim_ddp_test(shim_ddp_nosync_host_automatic_strict
     ARGS --mode nosync --windows 7 --foreign-at 7
-    ENV "${preload};SF_ACCUMULATION_STEPS=4;SF_STRICT=1"
+    ENV "${preload};SF_ACCUMULATION_STEPS=4;SF_STRICT=1" EXIT 1
     PASS "RuntimeError: sfsync shim: SF_ACCUMULATION_STEPS=4: cannot tell where backward passes start[^\n]*window 2 \\(backward passes 5-8")
   # Issue 9: a window around each non-final micro-batch, the last one
   # synchronized, is legal: no message (today: "window K ended with ... the
@@ -125,12 +135,12 @@ else()
   # host's backward raises. A window grown too long (window 2's last pass) ...
   sf_shim_ddp_test(shim_ddp_strict
     ARGS --mode unsynced --unsynced-from 2 --windows 3
-    ENV "${preload};SF_STRICT=1"
+    ENV "${preload};SF_STRICT=1" EXIT 1
     PASS "RuntimeError: sfsync shim: window 2 has deferred 7 gradient all-reduces \\([0-9]+ bytes\\) without a synchronization, more than the longest window that did synchronize \\(4792440 bytes\\)")
   # ... and a refused sf_begin_accumulation (window 2's first pass).
   sf_shim_ddp_test(shim_ddp_strict_forgotten_end
     ARGS --mode forgot --forgot-at 1 --windows 3
-    ENV "${preload};SF_STRICT=1"
+    ENV "${preload};SF_STRICT=1" EXIT 1
     PASS "WARN window sf_begin_accumulation inside window 1 refused.*RuntimeError: sfsync shim: sf_begin_accumulation was refused inside window 1")
   # DDP and the two ctypes calls without the shim: libsfsync says at the first
   # sf_end_accumulation that these windows affect nothing.
@@ -138,10 +148,6 @@ else()
     ARGS --mode calls --windows 2
     ENV "LD_LIBRARY_PATH=$<TARGET_FILE_DIR:sfsync>"
     PASS "WARN window window 1 ended, but these windows affect nothing.*\nOK\n")
-  # The automatic mode says at INFO that it cannot see weights.
-  set_tests_properties(shim_ddp_automatic_windows PROPERTIES ENVIRONMENT
-    "${preload};SF_ACCUMULATION_STEPS=4;SF_SHIM_REPORT=${reports}/automatic-%r.json;SF_DEBUG=INFO"
-    PASS_REGULAR_EXPRESSION "INFO shim SF_ACCUMULATION_STEPS=4: automatic windows of 4 backward passes.*verify_every=K.*\nOK\n")
 endif()
 
 # libsfsync's own warnings about windows (no torch: ctypes processes).
@@ -172,9 +178,10 @@ if(TARGET sfsync_shim_nccl_host)
 endif()
 
 # The benchmark runs (a short smoke run; the numbers are in shim/README.md).
-add_test(NAME shim_bench_smoke COMMAND sfsync-shim-bench --iterations 2000 --repeats 1)
-set_tests_properties(shim_bench_smoke PROPERTIES LABELS "shim;bench" TIMEOUT 60
-  PASS_REGULAR_EXPRESSION "interposed, deferred: float sum in a window.*interposed, deferred: float sum in a window")
-add_test(NAME shim_bench_smoke_automatic COMMAND sfsync-shim-bench --automatic --iterations 2000 --repeats 1)
-set_tests_properties(shim_bench_smoke_automatic PROPERTIES LABELS "shim;bench" TIMEOUT 60
-  PASS_REGULAR_EXPRESSION "\"state\": \"tracking\", \"pass_bytes\": 128, \"calls_per_pass\": 2")
+sf_add_checked_test(NAME shim_bench_smoke COMMAND sfsync-shim-bench --iterations 2000 --repeats 1
+  EXPECT "interposed, deferred: float sum in a window.*interposed, deferred: float sum in a window")
+set_tests_properties(shim_bench_smoke PROPERTIES LABELS "shim;bench" TIMEOUT 60)
+sf_add_checked_test(NAME shim_bench_smoke_automatic
+  COMMAND sfsync-shim-bench --automatic --iterations 2000 --repeats 1
+  EXPECT "\"state\": \"tracking\", \"pass_bytes\": 128, \"calls_per_pass\": 2")
+set_tests_properties(shim_bench_smoke_automatic PROPERTIES LABELS "shim;bench" TIMEOUT 60)
