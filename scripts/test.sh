@@ -12,7 +12,7 @@ bash scripts/install-deps.sh
 # fast; paths are hashed relative to the checkout, so clones share hits.
 launcher=()
 if command -v ccache > /dev/null; then
-  export CCACHE_BASEDIR=$PWD
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 

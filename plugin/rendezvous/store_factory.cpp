@@ -153,8 +153,14 @@ std::string localHostname(const sf_options& o) {
   }
   const std::string url = o.rendezvous;
   if (startsWith(url, "memory://")) return "127.0.0.1";
-  if (isTcpRendezvous(url)) {
-    const std::string m = meetingAddress(o).host;
+  // mpi:// learns rank 0's address only by bootstrapping: not for a name.
+  if (isTcpRendezvous(url) && url != "mpi://") {
+    std::string m;
+    try {
+      m = meetingAddress(o).host;
+    } catch (const Error&) {
+      // A malformed port: reported where the store is opened, not here.
+    }
     if (m == "localhost" || startsWith(m, "127.") || m == "::1") return "127.0.0.1";
   }
   char name[256] = {0};

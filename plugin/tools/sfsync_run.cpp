@@ -47,8 +47,10 @@ namespace {
 volatile sig_atomic_t gSignal = 0;
 void onSignal(int sig) { gSignal = sig; }
 
+// MASTER_PORT, with MASTER_PORT + 1 free as well (the Python samples put
+// torch.distributed there beside sfsync's env:// store).
 int freePort() {
-  const int port = sfsync::freeLoopbackPort();
+  const int port = sfsync::freeLoopbackPortPair();
   if (port < 0) {
     std::perror("sfsync-run: cannot find a free port");
     std::exit(2);

@@ -103,6 +103,16 @@ def body(python, work):
     for d in (src, target, dist, venv):
         shutil.rmtree(d, ignore_errors=True)
     copy_checkout(src)
+    # The CMake build inside pip is the real one; only its build type and
+    # place follow the checkout's normal build (build/, RelWithDebInfo,
+    # ccache keyed relative to the tree with no working directory, as
+    # scripts/test.sh sets it), so that its objects come from ccache when
+    # that build ran first instead of compiling everything a second time.
+    # A user's pip install builds Release into build-pip/ (setup.py).
+    if os.environ.get("SFSYNC_PIP_TEST_COLD") != "1":
+        os.environ.update({"CCACHE_BASEDIR": src, "CCACHE_NOHASHDIR": "1",
+                           "SFSYNC_BUILD_TYPE": "RelWithDebInfo",
+                           "SFSYNC_CMAKE_BUILD_DIR": os.path.join(src, "build")})
 
     # 2. pip install --target
     r = run([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
