@@ -33,14 +33,20 @@ VARIANTS = ["sfsync", "ddp_fwd_bwd", "ddp_bwd_only", "ddp_fp16", "sfsync_bf16", 
 RATES = ["10gbit", "1gbit", "200mbit"]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def bench_parser(doc, variants):
+    """The options every benchmark here takes: hosts, rates, variants, windows."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rates", nargs="+", default=RATES + ["loopback"])
-    p.add_argument("--variants", nargs="+", default=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=variants)
     p.add_argument("--windows", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--micro-batches", type=int, default=4)
+    return p
+
+
+def parse_args(argv=None):
+    p = bench_parser(__doc__, VARIANTS)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--sfsync-bucket-cap-mb", type=float, default=None,
                    help="sfsync's bucket cap (default: its own, 25 MiB as DDP's)")

@@ -38,19 +38,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_bench import CLUSTER, PY, RATES, ROOT, plot_ms, run_ranks, write_results  # noqa: E402
+from cluster_bench import (CLUSTER, PY, ROOT, bench_parser, plot_ms, run_ranks,  # noqa: E402
+                           write_results)
 
 VARIANTS = ["ddp_adamw", "zero_ddp", "sfsync_sharded", "sfsync_perbucket", "sfsync_adamw"]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--rates", nargs="+", default=RATES + ["loopback"])
-    p.add_argument("--variants", nargs="+", default=VARIANTS)
-    p.add_argument("--windows", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--micro-batches", type=int, default=4)
+    p = bench_parser(__doc__, VARIANTS)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--features", type=int, default=256)
     p.add_argument("--hidden", type=int, default=1024)
