@@ -33,14 +33,20 @@ VARIANTS = ["sfsync", "ddp_fwd_bwd", "ddp_bwd_only", "ddp_fp16", "sfsync_bf16", 
 RATES = ["10gbit", "1gbit", "200mbit"]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def bench_parser(doc, variants):
+    """The options every benchmark here takes: hosts, rates, variants, windows."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rates", nargs="+", default=RATES + ["loopback"])
-    p.add_argument("--variants", nargs="+", default=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=variants)
     p.add_argument("--windows", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--micro-batches", type=int, default=4)
+    return p
+
+
+def parse_args(argv=None):
+    p = bench_parser(__doc__, VARIANTS)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--sfsync-bucket-cap-mb", type=float, default=None,
                    help="sfsync's bucket cap (default: its own, 25 MiB as DDP's)")
@@ -59,6 +65,19 @@ def parse_args(argv=None):
 
 
 def run_one(a, n, rate, store_dir):
+    bench = [PY, BENCH, "--windows", str(a.windows), "--warmup", str(a.warmup),
+             "--micro-batches", str(a.micro_batches), "--hidden", str(a.hidden),
+             "--sfsync-store-dir", store_dir, "--variants"] + a.variants
+    if a.sfsync_bucket_cap_mb:
+        bench += ["--sfsync-bucket-cap-mb", str(a.sfsync_bucket_cap_mb)]
+    return run_ranks(a, n, rate, bench, "cluster_bench")
+
+
+def run_ranks(a, n, rate, argv, tag):
+    """Runs argv on n ranks (loopback: sfsync-run here; else scripts/cluster.sh
+    hosts at `rate`) with this tree's package and a.build's library; returns the
+    JSON record a rank printed, with hosts, rate and run_s added. Exit status 77
+    when clusters cannot run; any other failure ends the benchmark (`tag` names it)."""
     lib = os.path.join(a.build, "plugin", "libsfsync.so")
     env = dict(os.environ, SFSYNC_LIBRARY=lib, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
     # The package from this source tree, with the build's library.
@@ -66,16 +85,11 @@ def run_one(a, n, rate, store_dir):
         p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")) if p)
     env["MASTER_PORT"] = str(a.port)
     a.port += 10  # a fresh port pair per run (TIME_WAIT)
-    bench = [PY, BENCH, "--windows", str(a.windows), "--warmup", str(a.warmup),
-             "--micro-batches", str(a.micro_batches), "--hidden", str(a.hidden),
-             "--sfsync-store-dir", store_dir, "--variants"] + a.variants
-    if a.sfsync_bucket_cap_mb:
-        bench += ["--sfsync-bucket-cap-mb", str(a.sfsync_bucket_cap_mb)]
     if rate == "loopback":
         cmd = [os.path.join(a.build, "plugin", "tools", "sfsync-run"), "-n", str(n),
-               "--master-port", str(a.port - 10), "--"] + bench
+               "--master-port", str(a.port - 10), "--"] + argv
     else:
-        cmd = ["bash", CLUSTER, "run", str(n), rate, "--"] + bench
+        cmd = ["bash", CLUSTER, "run", str(n), rate, "--"] + argv
     t0 = time.time()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
     out = p.stdout + p.stderr
@@ -85,7 +99,7 @@ def run_one(a, n, rate, store_dir):
             print(out.strip(), file=sys.stderr)
             sys.exit(77)
         sys.stderr.write(out[-4000:])
-        raise SystemExit("cluster_bench: N=%d %s failed (status %d)" % (n, rate, p.returncode))
+        raise SystemExit("%s: N=%d %s failed (status %d)" % (tag, n, rate, p.returncode))
     rec = json.loads(m.group(1))
     rec["hosts"], rec["rate"], rec["run_s"] = n, rate, round(time.time() - t0, 1)
     return rec
@@ -121,15 +135,22 @@ def table(records, variants):
 
 
 def plot(records, variants, path):
+    style = {"sfsync": ("C0", "o", "-"), "sfsync_bf16": ("C0", "s", "--"),
+             "sfsync_fp16": ("C0", "^", ":"), "ddp_fwd_bwd": ("C1", "o", "-"),
+             "ddp_fp16": ("C1", "s", "--"), "ddp_bwd_only": ("C3", "x", "-")}
+    plot_ms(records, variants, path, style, "%d hosts, %d micro-batches per window")
+
+
+def plot_ms(records, variants, path, style, title):
+    """ms/window per variant vs link rate, one panel per host count; style maps a
+    variant to (colour, marker, line style); title is formatted with (hosts,
+    micro-batches). ImportError without matplotlib."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     hosts = sorted({r["hosts"] for r in records})
     fig, axes = plt.subplots(1, len(hosts), figsize=(6 * len(hosts), 4.5), squeeze=False)
     order = [x for x in RATES[::-1] + ["loopback"] if any(r["rate"] == x for r in records)]
-    style = {"sfsync": ("C0", "o", "-"), "sfsync_bf16": ("C0", "s", "--"),
-             "sfsync_fp16": ("C0", "^", ":"), "ddp_fwd_bwd": ("C1", "o", "-"),
-             "ddp_fp16": ("C1", "s", "--"), "ddp_bwd_only": ("C3", "x", "-")}
     for ax, n in zip(axes[0], hosts):
         recs = {r["rate"]: r for r in records if r["hosts"] == n}
         for v in variants:
@@ -146,11 +167,26 @@ def plot(records, variants, path):
         ax.set_yscale("log")
         ax.set_xlabel("link rate per host")
         ax.set_ylabel("ms per window (median, slowest rank)")
-        ax.set_title("%d hosts, %d micro-batches per window" % (n, records[0]["micro_batches"]))
+        ax.set_title(title % (n, records[0]["micro_batches"]))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def write_results(out, name, doc, md, plot_to, tag):
+    """Writes out/name.json (doc), out/name.md (md, also printed) and, with
+    matplotlib, out/name.png (plot_to(path))."""
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    with open(os.path.join(out, name + ".md"), "w") as f:
+        f.write(md + "\n")
+    print(md)
+    try:
+        plot_to(os.path.join(out, name + ".png"))
+    except ImportError:
+        print("%s: no matplotlib (apt-get install python3-matplotlib): no plot" % tag,
+              file=sys.stderr)
 
 
 LOAD0 = os.getloadavg()
@@ -180,17 +216,8 @@ def main(argv=None):
            "sfsync_bucket_cap_mb": a.sfsync_bucket_cap_mb, "load_before": LOAD0,
            "load_after": os.getloadavg(),
            "wall_s": round(time.time() - started, 1)}
-    with open(os.path.join(a.out, name + ".json"), "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    md = table(records, a.variants)
-    with open(os.path.join(a.out, name + ".md"), "w") as f:
-        f.write(md + "\n")
-    print(md)
-    try:
-        plot(records, a.variants, os.path.join(a.out, name + ".png"))
-    except ImportError:
-        print("cluster_bench: no matplotlib (apt-get install python3-matplotlib): no plot",
-              file=sys.stderr)
+    write_results(a.out, name, doc, table(records, a.variants),
+                  lambda path: plot(records, a.variants, path), "cluster_bench")
     print("cluster_bench: wrote %s/%s.{json,md,png} in %.0f s" % (a.out, name,
                                                                   time.time() - started))
     return 0

@@ -32,27 +32,20 @@ A benchmark, not a test: the machine is shared, the numbers are noisy.
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
-PY = "/usr/bin/python3"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster_bench import (CLUSTER, PY, ROOT, bench_parser, plot_ms, run_ranks,  # noqa: E402
+                           write_results)
+
 VARIANTS = ["ddp_adamw", "zero_ddp", "sfsync_sharded", "sfsync_perbucket", "sfsync_adamw"]
-RATES = ["10gbit", "1gbit", "200mbit"]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--rates", nargs="+", default=RATES + ["loopback"])
-    p.add_argument("--variants", nargs="+", default=VARIANTS)
-    p.add_argument("--windows", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--micro-batches", type=int, default=4)
+    p = bench_parser(__doc__, VARIANTS)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--features", type=int, default=256)
     p.add_argument("--hidden", type=int, default=1024)
@@ -190,35 +183,12 @@ def worker(a):
 
 
 def run_one(a, n, rate):
-    lib = os.path.join(a.build, "plugin", "libsfsync.so")
-    env = dict(os.environ, SFSYNC_LIBRARY=lib, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")) if p)
-    env["MASTER_PORT"] = str(a.port)
-    a.port += 10
     me = [PY, os.path.abspath(__file__), "--worker", "--windows", str(a.windows), "--warmup",
           str(a.warmup), "--micro-batches", str(a.micro_batches), "--batch-size",
           str(a.batch_size), "--features", str(a.features), "--hidden", str(a.hidden),
           "--depth", str(a.depth), "--classes", str(a.classes), "--bucket-cap-mb",
           str(a.bucket_cap_mb), "--variants"] + a.variants
-    if rate == "loopback":
-        cmd = [os.path.join(a.build, "plugin", "tools", "sfsync-run"), "-n", str(n),
-               "--master-port", str(a.port - 10), "--"] + me
-    else:
-        cmd = ["bash", CLUSTER, "run", str(n), rate, "--"] + me
-    t0 = time.time()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
-    out = p.stdout + p.stderr
-    m = re.search(r"^(?:\[[^\]]*\] )?JSON (\{.*\})$", out, re.M)
-    if p.returncode != 0 or not m:
-        if p.returncode == 77:
-            print(out.strip(), file=sys.stderr)
-            sys.exit(77)
-        sys.stderr.write(out[-4000:])
-        raise SystemExit("sharded_bench: N=%d %s failed (status %d)" % (n, rate, p.returncode))
-    rec = json.loads(m.group(1))
-    rec["hosts"], rec["rate"], rec["run_s"] = n, rate, round(time.time() - t0, 1)
-    return rec
+    return run_ranks(a, n, rate, me, "sharded_bench")
 
 
 def ratios(rec):
@@ -257,37 +227,10 @@ def table(records, variants):
 
 
 def plot(records, variants, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    hosts = sorted({r["hosts"] for r in records})
-    fig, axes = plt.subplots(1, len(hosts), figsize=(6 * len(hosts), 4.5), squeeze=False)
-    order = [x for x in RATES[::-1] + ["loopback"] if any(r["rate"] == x for r in records)]
     style = {"ddp_adamw": ("C1", "o", "-"), "zero_ddp": ("C3", "x", "-"),
              "sfsync_sharded": ("C0", "o", "-"), "sfsync_perbucket": ("C0", "s", "--"),
              "sfsync_adamw": ("C2", "^", ":")}
-    for ax, n in zip(axes[0], hosts):
-        recs = {r["rate"]: r for r in records if r["hosts"] == n}
-        for v in variants:
-            xs, ys = [], []
-            for i, rate in enumerate(order):
-                for res in recs.get(rate, {}).get("results", []):
-                    if res["variant"] == v:
-                        xs.append(i)
-                        ys.append(res["ms_per_window_median"])
-            c, m, ls = style.get(v, ("k", ".", "-"))
-            ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
-        ax.set_xticks(range(len(order)))
-        ax.set_xticklabels(order)
-        ax.set_yscale("log")
-        ax.set_xlabel("link rate per host")
-        ax.set_ylabel("ms per window (median, slowest rank)")
-        ax.set_title("%d hosts, AdamW, %d micro-batches per window"
-                     % (n, records[0]["micro_batches"]))
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    plot_ms(records, variants, path, style, "%d hosts, AdamW, %d micro-batches per window")
 
 
 def main(argv=None):
@@ -314,17 +257,8 @@ def main(argv=None):
     name = a.name or ("sharded_bench_smoke" if a.smoke else "sharded_bench")
     doc = {"command": " ".join([PY] + sys.argv), "records": records, "load_before": load0,
            "load_after": os.getloadavg(), "wall_s": round(time.time() - started, 1)}
-    with open(os.path.join(a.out, name + ".json"), "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    md = table(records, a.variants)
-    with open(os.path.join(a.out, name + ".md"), "w") as f:
-        f.write(md + "\n")
-    print(md)
-    try:
-        plot(records, a.variants, os.path.join(a.out, name + ".png"))
-    except ImportError:
-        print("sharded_bench: no matplotlib (apt-get install python3-matplotlib): no plot",
-              file=sys.stderr)
+    write_results(a.out, name, doc, table(records, a.variants),
+                  lambda path: plot(records, a.variants, path), "sharded_bench")
     print("sharded_bench: wrote %s/%s.{json,md,png} in %.0f s (load %.1f -> %.1f)" % (
         a.out, name, time.time() - started, load0[0], os.getloadavg()[0]))
     return 0

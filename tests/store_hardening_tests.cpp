@@ -603,12 +603,7 @@ std::string serverProof(const std::string& key, const std::string& clientNonce,
 // A rank with the job token reading rank 0's key from the store on `port`.
 Outcome tokenClientReads(int port) {
   ScopedEnv token("SF_AUTH_TOKEN", "the-job-token");
-  return bounded(
-      [&] {
-        TcpStore client("127.0.0.1", port, false, milliseconds(1000));
-        client.get("sfsync/0");
-      },
-      10);
+  return clientReadsRank0(port);
 }
 
 }  // namespace

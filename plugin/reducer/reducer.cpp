@@ -641,14 +641,7 @@ void Reducer::verifyLayout(Backend& backend) {
 
 void Reducer::synchronize(int64_t window) {
   std::lock_guard<std::mutex> lock(mutex_);
-  throwIfFailed();
-  buildLocked();
-  openPassLocked();
-  window_ = window;
-  while (nextToStart_ < buckets_.size()) {
-    start(buckets_[nextToStart_], false);
-    ++nextToStart_;
-  }
+  startAllLocked(window);
   for (auto& b : buckets_) {
     if (!b.reduced) waitBucketLocked(b);
   }
@@ -758,6 +751,10 @@ void Reducer::checkBucketIndex(int64_t bucket, const char* what) const {
 
 void Reducer::synchronizeStart(int64_t window) {
   std::lock_guard<std::mutex> lock(mutex_);
+  startAllLocked(window);
+}
+
+void Reducer::startAllLocked(int64_t window) {
   throwIfFailed();
   buildLocked();
   openPassLocked();

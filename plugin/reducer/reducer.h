@@ -166,6 +166,8 @@ class Reducer {
   void copyToStaging(const Bucket& b, const Gradient& g);
   void copyFromStaging(const Bucket& b, Gradient& g, ShardRange range);
   void startReadyBuckets(bool early);  // mutex_ held
+  // Opens the pass if needed and starts every bucket not yet started; mutex_ held.
+  void startAllLocked(int64_t window);
   void start(Bucket& b, bool early);   // mutex_ held
   void verifyLayout(Backend& backend);
   // After every bucket of a pass completed: compares the window numbers the

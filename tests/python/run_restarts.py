@@ -11,12 +11,11 @@ torchrun notice a dead worker quickly (its default polls every 5 s).
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_torchrun import free_port  # noqa: E402
+from run_torchrun import free_port, run_logged, worker_env  # noqa: E402
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "restart_trainer.py")
 
@@ -28,24 +27,15 @@ def main():
     p.add_argument("--timeout", type=float, default=150)
     p.add_argument("trainer", nargs=argparse.REMAINDER)
     args = p.parse_args()
-    env = dict(os.environ)
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", SF_TIMEOUT_MS="60000")
-    for kv in args.env:
-        k, v = kv.split("=", 1)
-        env[k] = v
+    env = worker_env(args.env, SF_TIMEOUT_MS="60000")
     with tempfile.TemporaryDirectory(prefix="sfsync-restart-") as ckpt:
         cmd = [args.python, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--max_restarts", "2", "--monitor_interval", "0.2",
                "--redirects", "2", "--tee", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), TRAINER, "--ckpt", ckpt]
         cmd += [a for a in args.trainer if a != "--"]
-        print("+ " + " ".join(cmd), flush=True)
-        try:
-            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired as e:
-            print(e.output or "")
-            print("FAILED: torchrun did not finish within %g s" % args.timeout)
+        proc = run_logged(cmd, env, args.timeout)
+        if proc is None:
             return 1
     print(proc.stdout)
     ok = [r for r in range(2) if re.search(r"\[rank %d\] OK " % r, proc.stdout)]

@@ -23,6 +23,30 @@ def free_port():
         return s.getsockname()[1]
 
 
+def worker_env(kvs, **fixed):
+    """This environment with Gloo on loopback, one OpenMP thread, `fixed`,
+    then the K=V strings `kvs` (which win)."""
+    env = dict(os.environ)
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **fixed)
+    for kv in kvs:
+        k, v = kv.split("=", 1)
+        env[k] = v
+    return env
+
+
+def run_logged(cmd, env, timeout):
+    """Prints and runs cmd (stdout and stderr together, as text); None, after
+    printing what it wrote and a FAILED line, if it ran past timeout seconds."""
+    print("+ " + " ".join(cmd), flush=True)
+    try:
+        return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        print(e.output or "")
+        print("FAILED: torchrun did not finish within %g s" % timeout)
+        return None
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--python", default="/usr/bin/python3")
@@ -34,24 +58,15 @@ def main():
     p.add_argument("trainer", nargs=argparse.REMAINDER)
     args = p.parse_args()
     trainer = [a for a in args.trainer if a != "--"]
-    env = dict(os.environ)
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    for kv in args.env:
-        k, v = kv.split("=", 1)
-        env[k] = v
+    env = worker_env(args.env)
     cmd = [args.python, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
            "--redirects", "2", "--tee", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port())]
     if args.shim:
         cmd += ["--no_python", "/usr/bin/env", "LD_PRELOAD=" + args.shim, args.python]
     cmd += trainer
-    print("+ " + " ".join(cmd), flush=True)
-    try:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired as e:
-        print(e.output or "")
-        print("FAILED: torchrun did not finish within %g s" % args.timeout)
+    proc = run_logged(cmd, env, args.timeout)
+    if proc is None:
         return 1
     print(proc.stdout)
     ok = [r for r in range(args.nproc)

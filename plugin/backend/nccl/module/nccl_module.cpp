@@ -650,66 +650,86 @@ void destroyWork(sfn_work* w) {
   delete w;
 }
 
-int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int64_t scaledNumel, int32_t dtype,
-                       double prescale, double postscale, sfn_work** out, sfn_error* err) {
+// Events and ordering around `launch` (which enqueues the collective on the
+// plugin's stream): the plugin's stream waits for everything the host queued
+// on its stream so far; `done` marks the end of the collective.
+template <typename F>
+int32_t startOrdered(sfn_comm* c, int64_t bytes, sfn_work** out, sfn_error* err, F&& launch) {
   return entry(err, [&] {
     checkAlive(c);
     sfn_device* d = c->dev;
     DeviceGuard guard(d->device);
-    const ncclDataType_t type = ncclType(dtype);
     auto* w = new sfn_work;
     w->comm = c;
-    w->bytes = numel * int64_t(sfsync::dtypeSize(dtype));
+    w->bytes = bytes;
     try {
       checkCuda(cudaEventCreateWithFlags(&w->ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
       checkCuda(cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
       // P waits for everything the host queued on H so far.
       checkCuda(cudaEventRecord(w->ready, d->host), "cudaEventRecord (host stream)");
       checkCuda(cudaStreamWaitEvent(d->stream, w->ready, 0), "cudaStreamWaitEvent (plugin stream)");
-
-      const auto choice = sfsync::nccl::chooseReduction(prescale, postscale, c->world);
-      ncclRedOp_t op = ncclSum;
-      bool custom = false;
-      if (choice.kind == sfsync::nccl::Reduction::kAverage) {
-        op = ncclAvg;
-      } else if (choice.kind == sfsync::nccl::Reduction::kPreMulSum) {
-        Scalar s = scalarOf(choice.factor, dtype);
-        const ncclResult_t r = ncclRedOpCreatePreMulSum(&op, &s, type, ncclScalarHostImmediate, c->comm);
-        if (r != ncclSuccess) {
-          throw Failure{SF_ERR_BACKEND, "ncclRedOpCreatePreMulSum failed: " + ncclText(c->comm, r)};
-        }
-        custom = true;
-      }
-      // Elements past scaledNumel (the window check's) are summed exactly,
-      // unscaled: a second all-reduce in the same group, one launch.
-      const int64_t scaled = scaledNumel < 0 || scaledNumel > numel ? numel : scaledNumel;
-      const bool split = scaled < numel && op != ncclSum;
-      ncclResult_t r = ncclSuccess;
-      if (split) {
-        char* rest = static_cast<char*>(data) + size_t(scaled) * sfsync::dtypeSize(dtype);
-        r = ncclGroupStart();
-        if (r == ncclSuccess) r = ncclAllReduce(data, data, size_t(scaled), type, op, c->comm, d->stream);
-        if (r == ncclSuccess) r = ncclAllReduce(rest, rest, size_t(numel - scaled), type, ncclSum, c->comm, d->stream);
-        const ncclResult_t end = ncclGroupEnd();
-        if (r == ncclSuccess) r = end;
-      } else {
-        r = ncclAllReduce(data, data, size_t(numel), type, op, c->comm, d->stream);
-      }
-      try {
-        settle(c, r, "ncclAllReduce", c->timeoutMs);
-      } catch (...) {
-        if (custom && !c->aborted) ncclRedOpDestroy(op, c->comm);
-        throw;
-      }
-      // Allowed once the call that uses it returned and settled (nccl.h: a
-      // non-blocking communicator may return ncclInProgress).
-      if (custom) ncclRedOpDestroy(op, c->comm);
+      launch(d);
       checkCuda(cudaEventRecord(w->done, d->stream), "cudaEventRecord (plugin stream)");
     } catch (...) {
       destroyWork(w);
       throw;
     }
     *out = w;
+  });
+}
+
+// The NCCL reduction for (prescale, postscale): ncclSum, ncclAvg, or a
+// PreMulSum op (custom), which the caller destroys with ncclRedOpDestroy.
+struct ReduceOp {
+  ncclRedOp_t op = ncclSum;
+  bool custom = false;
+};
+
+ReduceOp reduceOp(sfn_comm* c, double prescale, double postscale, int32_t dtype, ncclDataType_t type) {
+  const auto choice = sfsync::nccl::chooseReduction(prescale, postscale, c->world);
+  ReduceOp o;
+  if (choice.kind == sfsync::nccl::Reduction::kAverage) {
+    o.op = ncclAvg;
+  } else if (choice.kind == sfsync::nccl::Reduction::kPreMulSum) {
+    Scalar s = scalarOf(choice.factor, dtype);
+    const ncclResult_t r = ncclRedOpCreatePreMulSum(&o.op, &s, type, ncclScalarHostImmediate, c->comm);
+    if (r != ncclSuccess) {
+      throw Failure{SF_ERR_BACKEND, "ncclRedOpCreatePreMulSum failed: " + ncclText(c->comm, r)};
+    }
+    o.custom = true;
+  }
+  return o;
+}
+
+int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int64_t scaledNumel, int32_t dtype,
+                       double prescale, double postscale, sfn_work** out, sfn_error* err) {
+  return startOrdered(c, numel * int64_t(sfsync::dtypeSize(dtype)), out, err, [&](sfn_device* d) {
+    const ncclDataType_t type = ncclType(dtype);
+    const auto [op, custom] = reduceOp(c, prescale, postscale, dtype, type);
+    // Elements past scaledNumel (the window check's) are summed exactly,
+    // unscaled: a second all-reduce in the same group, one launch.
+    const int64_t scaled = scaledNumel < 0 || scaledNumel > numel ? numel : scaledNumel;
+    const bool split = scaled < numel && op != ncclSum;
+    ncclResult_t r = ncclSuccess;
+    if (split) {
+      char* rest = static_cast<char*>(data) + size_t(scaled) * sfsync::dtypeSize(dtype);
+      r = ncclGroupStart();
+      if (r == ncclSuccess) r = ncclAllReduce(data, data, size_t(scaled), type, op, c->comm, d->stream);
+      if (r == ncclSuccess) r = ncclAllReduce(rest, rest, size_t(numel - scaled), type, ncclSum, c->comm, d->stream);
+      const ncclResult_t end = ncclGroupEnd();
+      if (r == ncclSuccess) r = end;
+    } else {
+      r = ncclAllReduce(data, data, size_t(numel), type, op, c->comm, d->stream);
+    }
+    try {
+      settle(c, r, "ncclAllReduce", c->timeoutMs);
+    } catch (...) {
+      if (custom && !c->aborted) ncclRedOpDestroy(op, c->comm);
+      throw;
+    }
+    // Allowed once the call that uses it returned and settled (nccl.h: a
+    // non-blocking communicator may return ncclInProgress).
+    if (custom) ncclRedOpDestroy(op, c->comm);
   });
 }
 
@@ -768,50 +788,12 @@ int32_t allreduceMaxInt64(sfn_comm* c, int64_t* data, int64_t n, int64_t timeout
 
 // ---- Since 0.3: reduce-scatter and all-gather (sharded windows) ---------------
 
-// Events and ordering as allreduceStart's around `launch` (which enqueues the
-// collective on the plugin's stream).
-template <typename F>
-int32_t startOrdered(sfn_comm* c, int64_t bytes, sfn_work** out, sfn_error* err, F&& launch) {
-  return entry(err, [&] {
-    checkAlive(c);
-    sfn_device* d = c->dev;
-    DeviceGuard guard(d->device);
-    auto* w = new sfn_work;
-    w->comm = c;
-    w->bytes = bytes;
-    try {
-      checkCuda(cudaEventCreateWithFlags(&w->ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      checkCuda(cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      checkCuda(cudaEventRecord(w->ready, d->host), "cudaEventRecord (host stream)");
-      checkCuda(cudaStreamWaitEvent(d->stream, w->ready, 0), "cudaStreamWaitEvent (plugin stream)");
-      launch(d);
-      checkCuda(cudaEventRecord(w->done, d->stream), "cudaEventRecord (plugin stream)");
-    } catch (...) {
-      destroyWork(w);
-      throw;
-    }
-    *out = w;
-  });
-}
-
 int32_t reduceScatterStart(sfn_comm* c, void* data, int64_t segment, int32_t dtype, double prescale,
                            double postscale, sfn_work** out, sfn_error* err) {
   const size_t es = sfsync::dtypeSize(dtype);
   return startOrdered(c, segment * int64_t(es) * c->world, out, err, [&](sfn_device* d) {
     const ncclDataType_t type = ncclType(dtype);
-    const auto choice = sfsync::nccl::chooseReduction(prescale, postscale, c->world);
-    ncclRedOp_t op = ncclSum;
-    bool custom = false;
-    if (choice.kind == sfsync::nccl::Reduction::kAverage) {
-      op = ncclAvg;
-    } else if (choice.kind == sfsync::nccl::Reduction::kPreMulSum) {
-      Scalar s = scalarOf(choice.factor, dtype);
-      const ncclResult_t r = ncclRedOpCreatePreMulSum(&op, &s, type, ncclScalarHostImmediate, c->comm);
-      if (r != ncclSuccess) {
-        throw Failure{SF_ERR_BACKEND, "ncclRedOpCreatePreMulSum failed: " + ncclText(c->comm, r)};
-      }
-      custom = true;
-    }
+    const auto [op, custom] = reduceOp(c, prescale, postscale, dtype, type);
     // In place: recvbuff = sendbuff + rank * recvcount (NCCL's rule).
     char* base = static_cast<char*>(data);
     const ncclResult_t r = ncclReduceScatter(base, base + size_t(c->rank) * size_t(segment) * es,
