@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -72,27 +73,43 @@ class TorchStoreCallbacks:
     def __init__(self, store):
         self.store = store
         self.calls = {"set": 0, "get": 0}
+        self._lock = threading.Lock()
         self.keys = set()
         self._set = SET_FN(self.set)
         self._get = GET_FN(self.get)
 
     def set(self, _user, key, value, nbytes):
         try:
-            self.calls["set"] += 1
-            self.keys.add(key.decode())
-            self.store.set(key.decode(), ctypes.string_at(value, nbytes) if nbytes else b"")
+            with self._lock:
+                self.calls["set"] += 1
+                self.keys.add(key.decode())
+                self.store.set(key.decode(), ctypes.string_at(value, nbytes) if nbytes else b"")
+                self.store.add(key.decode() + "/set", 1)
             return SF_STORE_OK
         except Exception:
             return SF_STORE_ERROR
 
     def get(self, _user, key, timeout_ms, buf, capacity, out_bytes):
         try:
-            self.calls["get"] += 1
             k = key.decode()
-            # A zero timeout means "look, do not wait"; TCPStore has no check(),
-            # and a zero socket timeout would block, so wait 1 ms instead.
-            self.store.wait([k], datetime.timedelta(milliseconds=max(1, timeout_ms)))
-            value = self.store.get(k)
+            # torch 1.13's TCPStore client is one socket, not thread-safe
+            # (sfsync calls from several threads: one lock), and a wait()
+            # that times out leaves its late reply in the socket for the next
+            # request (a chance hang seen in CI): never wait with a timeout;
+            # poll a counter key that set() bumps (add() answers at once).
+            # A zero timeout means "look, do not wait".
+            deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+            pause = 0.0005
+            while True:
+                with self._lock:
+                    self.calls["get"] += 1
+                    if self.store.add(k + "/set", 0) > 0:
+                        value = self.store.get(k)
+                        break
+                if time.monotonic() >= deadline:
+                    return SF_STORE_TIMEOUT
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
         except RuntimeError as e:
             return SF_STORE_TIMEOUT if "imeout" in str(e) else SF_STORE_ERROR
         except Exception:
