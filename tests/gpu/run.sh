@@ -150,7 +150,15 @@ step() {
   local took=$(($(date +%s) - t0)) detail
   detail=$(grep -h '^RESULT' "$out/$name".*.log | sed 's/^RESULT //' | head -12 | paste -sd ';' -)
   for c in "${codes[@]}"; do [ "$c" -ne 0 ] && rc=$c && [ "$c" -ne 77 ] && break; done
-  if [ "$rc" -eq 0 ]; then
+  local silent=""
+  for ((r = 0; r < world; ++r)); do
+    grep -q '^RESULT' "$out/$name.$r.log" || silent+=" $r"
+  done
+  if [ "$rc" -eq 0 ] && { [ -n "$silent" ] || grep -qh '^RESULT.* FAIL' "$out/$name".*.log; }; then
+    # Exit 0 alone is not a pass: every rank prints its RESULT line, none FAIL.
+    record FAIL "$name" "$took" "exit 0, but rank(s)${silent:- none} printed no RESULT line or a RESULT says FAIL; $detail"
+    return 1
+  elif [ "$rc" -eq 0 ]; then
     record PASS "$name" "$took" "${detail:-exit 0}"
   elif [ "$rc" -eq 77 ]; then
     record SKIP "$name" "$took" "$(grep -h '^SKIPPED' "$out/$name".*.log | head -1)"
