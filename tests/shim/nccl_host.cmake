@@ -8,13 +8,10 @@ find_package(CUDAToolkit QUIET)
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
 find_library(NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
 if(NOT CUDAToolkit_FOUND OR NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
-  if(SF_BUILD_TESTS)
-    include(${PROJECT_SOURCE_DIR}/tests/support/checked_test.cmake)
-    sf_missing_prerequisite(NAME shim_nccl_standin LABELS "shim;nccl"
-      REASON "no CUDA toolkit with NCCL headers: no NCCL host program for the shim's NCCL tests")
-  else()
-    message(STATUS "shim: no CUDA toolkit with NCCL: no NCCL host program")
-  endif()
+  include(${PROJECT_SOURCE_DIR}/tests/support/missing_suite.cmake)
+  sf_missing_suite(NAME shim_nccl_standin LABELS "shim;nccl"
+    REASON "no CUDA toolkit with NCCL headers: no NCCL host program for the shim's NCCL tests"
+    NOTE "shim: no CUDA toolkit with NCCL: no NCCL host program")
   return()
 endif()
 add_executable(sfsync_shim_nccl_host ${CMAKE_CURRENT_LIST_DIR}/nccl_host.cpp)
