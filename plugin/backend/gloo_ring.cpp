@@ -23,24 +23,6 @@ void waitOrFail(bool completed, const char* what) {
   if (!completed) fail(SF_ERR_TIMEOUT, std::string("gloo ") + what + ": wait aborted");
 }
 
-void addInPlace(void* out, const void* in, size_t numel, sf_dtype dtype) {
-  switch (dtype) {
-    case SF_DTYPE_FLOAT32: {
-      float* o = static_cast<float*>(out);
-      const float* x = static_cast<const float*>(in);
-      for (size_t i = 0; i < numel; ++i) o[i] += x[i];
-      break;
-    }
-    case SF_DTYPE_FLOAT64: {
-      double* o = static_cast<double*>(out);
-      const double* x = static_cast<const double*>(in);
-      for (size_t i = 0; i < numel; ++i) o[i] += x[i];
-      break;
-    }
-    default: addInto(out, out, in, numel, dtype); break;  // 16-bit: summed in float32
-  }
-}
-
 int mod(int a, int w) { return ((a % w) + w) % w; }
 
 }  // namespace
@@ -62,8 +44,8 @@ int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32
     data->send(right, slot, size_t(sendChunk * piece.strideBytes + piece.offsetBytes),
                size_t(piece.bytes));
     waitOrFail(incoming->waitRecv(timeout), "reduce-scatter (recv)");
-    addInPlace(piece.base + recvChunk * piece.strideBytes + piece.offsetBytes, scratch.data(),
-               size_t(piece.bytes) / esize, piece.dtype);
+    char* own = piece.base + recvChunk * piece.strideBytes + piece.offsetBytes;
+    addInto(own, own, scratch.data(), size_t(piece.bytes) / esize, piece.dtype);  // 16-bit: in float32
     waitOrFail(data->waitSend(timeout), "reduce-scatter (send)");
     sent += piece.bytes;
   }

@@ -159,7 +159,9 @@ void Context::beginAccumulation() {
          "already inside an accumulation window (sf_begin_accumulation twice without "
          "sf_end_accumulation)");
   }
-  if (reducer_.inFlight()) {
+  // One reducer lock: the in-flight check and the new pass (the last
+  // window's reductions are not this one's).
+  if (!reducer_.beginPass()) {
     fail(SF_ERR_INVALID_STATE,
          "bucket collectives started by sf_grad_ready are still in flight; call sf_synchronize "
          "before starting a new window");
@@ -176,7 +178,6 @@ void Context::beginAccumulation() {
                           std::memory_order_relaxed);
   }
   readyInWindow_.store(0, std::memory_order_relaxed);
-  reducer_.openPass();  // the last window's reductions are not this one's
   if (trace_) windowStartUs_ = Tracer::nowUs();
   windowsBegun_.fetch_add(1, std::memory_order_release);
   inWindow_.store(true, std::memory_order_release);

@@ -662,9 +662,11 @@ void Reducer::openPassLocked() {
   passOpen_ = true;
 }
 
-void Reducer::openPass() {
+bool Reducer::beginPass() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (nextToStart_ > 0) return false;  // inFlight()
   openPassLocked();
+  return true;
 }
 
 void Reducer::setShardLayout(sf_shard_layout layout) {

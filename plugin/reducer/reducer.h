@@ -91,10 +91,11 @@ class Reducer {
   ShardRange shardRange(int64_t id);
   int64_t gradientBucket(int64_t id);
   int64_t bucketCount();
-  // A new window begins (sf_begin_accumulation): the last one's reductions
-  // stop counting as this window's. markReady and the synchronizations open
-  // a pass themselves.
-  void openPass();
+  // A new window begins (sf_begin_accumulation): false (and nothing
+  // changed) while collectives started by markReady are in flight, else the
+  // last window's reductions stop counting as this window's. One lock, as
+  // inFlight(). markReady and the synchronizations open a pass themselves.
+  bool beginPass();
   // Start every bucket not yet started (sf_synchronize_start).
   void synchronizeStart(int64_t window);
   // Wait for one bucket's reduction and put its results in place.
