@@ -701,6 +701,21 @@ ReduceOp reduceOp(sfn_comm* c, double prescale, double postscale, int32_t dtype,
   return o;
 }
 
+// Settles the call that used `op`, then destroys a custom operator: allowed
+// only once that call returned and settled (nccl.h: a non-blocking
+// communicator may return ncclInProgress). On failure the operator is
+// destroyed too unless the communicator was aborted.
+void settleThenDestroyOp(sfn_comm* c, ncclResult_t r, const char* what, ncclRedOp_t op,
+                         bool custom) {
+  try {
+    settle(c, r, what, c->timeoutMs);
+  } catch (...) {
+    if (custom && !c->aborted) ncclRedOpDestroy(op, c->comm);
+    throw;
+  }
+  if (custom) ncclRedOpDestroy(op, c->comm);
+}
+
 int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int64_t scaledNumel, int32_t dtype,
                        double prescale, double postscale, sfn_work** out, sfn_error* err) {
   return startOrdered(c, numel * int64_t(sfsync::dtypeSize(dtype)), out, err, [&](sfn_device* d) {
@@ -721,15 +736,7 @@ int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int64_t scaledNum
     } else {
       r = ncclAllReduce(data, data, size_t(numel), type, op, c->comm, d->stream);
     }
-    try {
-      settle(c, r, "ncclAllReduce", c->timeoutMs);
-    } catch (...) {
-      if (custom && !c->aborted) ncclRedOpDestroy(op, c->comm);
-      throw;
-    }
-    // Allowed once the call that uses it returned and settled (nccl.h: a
-    // non-blocking communicator may return ncclInProgress).
-    if (custom) ncclRedOpDestroy(op, c->comm);
+    settleThenDestroyOp(c, r, "ncclAllReduce", op, custom);
   });
 }
 
@@ -798,8 +805,7 @@ int32_t reduceScatterStart(sfn_comm* c, void* data, int64_t segment, int32_t dty
     char* base = static_cast<char*>(data);
     const ncclResult_t r = ncclReduceScatter(base, base + size_t(c->rank) * size_t(segment) * es,
                                              size_t(segment), type, op, c->comm, d->stream);
-    if (custom) ncclRedOpDestroy(op, c->comm);
-    settle(c, r, "ncclReduceScatter", c->timeoutMs);
+    settleThenDestroyOp(c, r, "ncclReduceScatter", op, custom);
   });
 }
 
