@@ -11,6 +11,7 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include "plugin/core/deadline.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
 
@@ -118,13 +119,13 @@ void Membership::refuseIfSuperseded() {
 std::string Membership::waitGetGuarded(gloo::rendezvous::Store& store, const std::string& key,
                                        milliseconds timeout, const std::string& what) {
   if (!guard_) return waitGet(store, key, timeout, what);
-  const Clock::time_point deadline = Clock::now() + timeout;
+  const Deadline deadline(timeout);
   for (;;) {
-    const milliseconds slice = std::min(kGuardPoll, left(deadline));
+    const milliseconds slice = std::min(kGuardPoll, left(deadline.at()));
     try {
       return waitGet(store, key, slice, what);
     } catch (const Error& e) {
-      if (e.status() != SF_ERR_TIMEOUT || Clock::now() >= deadline) throw;
+      if (e.status() != SF_ERR_TIMEOUT || deadline.expired()) throw;
     }
     refuseIfSuperseded();
   }

@@ -38,8 +38,7 @@
 
 #include <cxxopts.hpp>
 
-#include "plugin/launch/launcher_env.h"
-#include "plugin/launch/mpi_bootstrap.h"
+#include "plugin/core/options.h"
 #include "plugin/tools/free_port.h"
 
 namespace {
@@ -107,8 +106,7 @@ void emit(Stream& s, bool prefix, bool flushPartial) {
 
 // --discover: one line, as launch.describe() in Python prints it.
 int printDiscovery() {
-  const sfsync::LauncherEnv l =
-      sfsync::discoverLauncher([](const char* name) { return std::getenv(name); }, sfsync::mpiProbe);
+  const sfsync::LauncherEnv l = sfsync::launcherFromEnvironment();
   std::printf("sfsync-run: launcher=%s rank=%d world=%d local_rank=%d", l.launcher.c_str(), l.rank,
               l.worldSize, l.localRank);
   const std::string& error = l.error.empty() ? l.unmet : l.error;
