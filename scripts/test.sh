@@ -34,4 +34,4 @@ echo "== tests: AddressSanitizer + UBSan"
 
 build build-tsan -DSF_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
 echo "== tests: ThreadSanitizer"
-(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest -L unit --output-on-failure)
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" ctest -L unit --output-on-failure)
