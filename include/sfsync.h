@@ -665,9 +665,11 @@ SF_API sf_status sf_check_replicas(sf_context* ctx, uint64_t digest);
  *
  * Layout of a bucket of B bytes on W ranks: a segment of S elements per rank,
  * W * S elements in all, S a multiple of the elements in 64 bytes (so every
- * rank's segment starts 64-byte aligned); the bytes on the wire per rank are
- * (W - 1) / W of W * S elements for the reduce-scatter and as many for the
- * all-gather: together one ring all-reduce of the padded bucket. A host
+ * rank's segment starts 64-byte aligned). Padding stays off the wire on Gloo
+ * (only the gradients and control elements of each segment travel; Since
+ * 0.3): the reduce-scatter and the all-gather together move what one ring
+ * all-reduce of the bucket moves; NCCL (equal counts) moves the padded
+ * segments. A host
  * bucket of a context with world size > 1 also carries the two window-check
  * elements at the end of EVERY rank's segment (each rank checks its own).
  *  - SF_SHARD_FLAT: the gradients contiguous (as unsharded), the bucket
@@ -675,10 +677,13 @@ SF_API sf_status sf_check_replicas(sf_context* ctx, uint64_t digest);
  *    so a gradient may straddle two ranks (or more) and a rank may own none
  *    of a small one.
  *  - SF_SHARD_PARAMETER: whole gradients per rank: the bucket's gradients,
- *    in order, are cut into W contiguous groups balanced by bytes, group r
- *    in rank r's segment, each segment padded to the largest group (so the
- *    reduce-scatter counts are equal). A rank owns each of its gradients
- *    whole and no part of the others (for matrix optimizers: Muon, Shampoo).
+ *    in order, are cut into W contiguous groups balanced by bytes, each
+ *    segment padded to the largest group. Which rank holds which group
+ *    balances the ranks over all buckets (bucket by bucket, the largest
+ *    group to the rank holding the fewest elements so far, ties to the lower
+ *    rank), so a rank holds at most 1/W of the elements plus the largest
+ *    group. A rank owns each of its gradients whole and no part of the
+ *    others (for matrix optimizers: Muon, Shampoo); sf_shard_range says which.
  *
  * Nothing changes in the window rules: nothing is sent inside a window, one
  * reduce-scatter per bucket per window, one all-gather per bucket per

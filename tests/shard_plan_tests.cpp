@@ -158,6 +158,47 @@ BOOST_AUTO_TEST_CASE(parameter_layout_with_fewer_gradients_than_ranks_leaves_ran
   BOOST_TEST(s.contiguous(s.offsets[1], 20));
 }
 
+BOOST_AUTO_TEST_CASE(used_counts_are_each_segments_gradients) {
+  // Flat: full segments, the last one short; parameter: each group's size.
+  const ShardLayout f = planShards({100, 50}, 4, 3, SF_SHARD_FLAT, true);
+  BOOST_TEST(f.shardElems == 64);
+  BOOST_TEST((f.used == std::vector<int64_t>{64, 64, 22}));
+  const ShardLayout p = planShards({500, 400, 300, 200, 100}, 2, 3, SF_SHARD_PARAMETER, false);
+  BOOST_TEST((p.used == std::vector<int64_t>{500, 400, 600}));
+  const ShardLayout none = planShards({10, 20}, 4, 4, SF_SHARD_NONE, true);
+  BOOST_TEST((none.used == std::vector<int64_t>{30}));
+}
+
+BOOST_AUTO_TEST_CASE(parameter_layout_balances_ranks_across_buckets) {
+  // Buckets of one or two gradients each: without a load carried across
+  // buckets rank 0 holds the first group of every bucket (here everything).
+  const std::vector<std::vector<int64_t>> buckets = {
+      {1000}, {900, 20}, {800}, {700}, {600, 600}, {500}, {400}, {300}, {10}};
+  for (int64_t w : {2, 3, 4}) {
+    BOOST_TEST_CONTEXT("W = " << w) {
+      std::vector<int64_t> load, held(size_t(w), 0);
+      int64_t total = 0, largest = 0;
+      for (const auto& n : buckets) {
+        const ShardLayout s = planShards(n, 4, w, SF_SHARD_PARAMETER, false, &load);
+        checkPartition(s, n);
+        for (size_t i = 0; i < n.size(); ++i) {
+          total += n[i];
+          largest = std::max(largest, n[i]);
+          for (int64_t r = 0; r < w; ++r) held[size_t(r)] += ownedRange(s, s.offsets[i], n[i], r).count;
+        }
+        int64_t inUse = 0;
+        for (int64_t u : s.used) inUse += u;
+        BOOST_TEST(inUse == std::accumulate(n.begin(), n.end(), int64_t(0)));
+      }
+      BOOST_TEST(held == load);  // the carried load is what each rank holds
+      // The greedy bound: the average plus the largest group (here one gradient).
+      for (int64_t h : held) BOOST_TEST(h <= total / w + largest);
+      const int64_t most = *std::max_element(held.begin(), held.end());
+      BOOST_TEST(most < total - 1000);  // not everything on one rank
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(world_size_one_owns_everything) {
   const ShardLayout s = planShards({3, 4}, 4, 1, SF_SHARD_FLAT, false);
   BOOST_TEST(s.world == 1);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "plugin/core/error.h"
 #include "sfsync.h"
@@ -26,6 +27,12 @@ struct ReduceSpec {
   int64_t scaledElems = -1;
   int64_t bucket = -1;       // the bucket's index, for the trace
   Tracer* trace = nullptr;   // SF_TRACE: where a backend records wire events
+  // Reduce-scatter and all-gather: per segment, the leading elements that
+  // hold data (ShardLayout::used); the elements from there up to
+  // scaledElems (the control slot; -1: the segment's end) are padding, which
+  // a backend may leave off the wire (their values afterwards: as before the
+  // call, or summed). Empty: every element holds data.
+  std::vector<int64_t> segmentUsed;
 };
 
 // A collective in flight. wait() returns when it is done and throws

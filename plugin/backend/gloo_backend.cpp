@@ -312,10 +312,11 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
       RingTraced traced(spec.trace, int(1 + lane), "lane " + std::to_string(lane),
                         "reduce_scatter", spec.bucket, piece, &sent);
       try {
+        const int64_t dataEnd = spec.scaledElems < 0 ? segmentElems : spec.scaledElems;
         glooCall("reduce-scatter", [&] {
           sent = ringReduceScatter(*context,
-                                   RingPiece{base, segmentElems * elemBytes, begin * elemBytes,
-                                             count * elemBytes, dtype},
+                                   slicePiece(base, segmentElems, dtype, context->size, begin,
+                                              count, spec.segmentUsed, dataEnd),
                                    tag, timeout, *scratch);
         });
         ringBytesSent_.fetch_add(sent);
@@ -354,8 +355,8 @@ std::unique_ptr<Work> GlooBackend::startAllgather(void* data, int64_t segmentEle
     try {
       glooCall("all-gather", [&] {
         sent = ringAllgather(*context,
-                             RingPiece{base, segmentElems * elemBytes, 0, segmentElems * elemBytes,
-                                       dtype},
+                             slicePiece(base, segmentElems, dtype, context->size, 0, segmentElems,
+                                        spec.segmentUsed, segmentElems),
                              tag, timeout);
       });
       ringBytesSent_.fetch_add(sent);

@@ -1,8 +1,11 @@
 #pragma once
 // Ring reduce-scatter and ring all-gather over Gloo unbound buffers: the two
-// halves of a ring all-reduce, each moving (W-1)/W of the buffer per rank, so
-// that together they cost exactly one ring all-reduce. Blocking; run on a
-// backend worker thread. Not responsible for lanes, scaling or tracing.
+// halves of a ring all-reduce, each moving every segment but one once per
+// rank, so that together they cost exactly one ring all-reduce of the bytes
+// they move. Segments may carry different amounts (a parameter-aligned
+// bucket's groups): only each segment's spans travel, never its padding.
+// Blocking; run on a backend worker thread. Not responsible for lanes,
+// scaling or tracing.
 
 #include <chrono>
 #include <cstdint>
@@ -16,16 +19,28 @@ class Context;
 
 namespace sfsync {
 
+// A byte range inside one segment.
+struct RingSpan {
+  int64_t offsetBytes;
+  int64_t bytes;
+};
+
 // One piece of a segmented buffer: world_size segments of `strideBytes`
-// each start at `base`; the piece is `bytes` bytes at `offsetBytes` inside
-// every segment (a whole segment: offset 0, bytes = stride).
+// each start at `base`; in segment k the piece is spans[k] (at most two
+// ranges, in order; possibly none). Every rank builds the same spans.
 struct RingPiece {
   char* base;
   int64_t strideBytes;
-  int64_t offsetBytes;
-  int64_t bytes;
   sf_dtype dtype;
+  std::vector<std::vector<RingSpan>> spans;  // one list per segment
 };
+
+// The piece of elements [begin, begin + count) of every segment, less what
+// is padding: in segment k, elements [used[k], dataEnd) (`used` empty: no
+// padding; elements from dataEnd to the segment's end, the control slot,
+// travel). Adjacent ranges are merged.
+RingPiece slicePiece(char* base, int64_t segmentElems, sf_dtype dtype, int world, int64_t begin,
+                     int64_t count, const std::vector<int64_t>& used, int64_t dataEnd);
 
 // Afterwards this rank's piece of segment `rank` holds the sum over ranks.
 // `scratch` (grown as needed) receives the neighbour's partial sums; `tag`

@@ -245,11 +245,12 @@ void Reducer::buildLocked() {
   // Each bucket's shard layout (one segment when unsharded: shard_plan.h).
   buckets_.clear();
   buckets_.resize(plan_.size());
+  std::vector<int64_t> rankLoad;  // parameter layout: elements per rank, bucket after bucket
   for (size_t i = 0; i < plan_.size(); ++i) {
     std::vector<int64_t> numels;
     for (int64_t id : plan_[i].grads) numels.push_back(grads_[size_t(id)].numel);
     buckets_[i].layout = planShards(numels, int64_t(dtypeSize(plan_[i].dtype)), opts_.world_size,
-                                    shard_, int64_t(i) == controlBucket_);
+                                    shard_, int64_t(i) == controlBucket_, &rankLoad);
     for (size_t j = 0; j < plan_[i].grads.size(); ++j) {
       Gradient& g = grads_[size_t(plan_[i].grads[j])];
       g.bucket = int64_t(i);
@@ -517,6 +518,7 @@ void Reducer::start(Bucket& b, bool early) {
   // _ParamAndGradBucketGroup): each rank receives its segment, or everything.
   try {
     if (sharded()) {
+      spec.segmentUsed = layout.used;
       b.work = backend.startReduceScatter(b.storage, layout.segmentElems, dtype, spec);
     } else {
       b.work = backend.startAllreduce(b.storage, layout.gradientElems(), dtype, spec);
@@ -825,6 +827,7 @@ void Reducer::startGatherLocked(Bucket& b) {
     ReduceSpec spec;
     spec.bucket = index;
     spec.trace = trace_;
+    spec.segmentUsed = b.layout.used;
     b.gather = backendFor_(b.plan->device).startAllgather(b.params, b.layout.shardElems, dtype, spec);
   } catch (const Error& e) {
     failWith(e.status(), e.what());

@@ -24,7 +24,7 @@ int64_t groupsFor(const std::vector<int64_t>& numels, int64_t cap) {
 }  // namespace
 
 ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, int64_t world,
-                       sf_shard_layout layout, bool control) {
+                       sf_shard_layout layout, bool control, std::vector<int64_t>* rankLoad) {
   ShardLayout s;
   int64_t total = 0;
   for (int64_t n : numels) total += n;
@@ -44,18 +44,23 @@ ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, in
       s.offsets.push_back(at);
       at += numels[i];
     }
+    s.used = {total};
     return s;
   }
   const int64_t align = std::max<int64_t>(1, 64 / elemBytes);
   s.world = world;
   s.controlElems = control ? align : 0;
   s.offsets.resize(numels.size());
+  s.used.assign(size_t(world), 0);
   if (layout == SF_SHARD_FLAT) {
     s.shardElems = roundUp(std::max<int64_t>(1, (total + world - 1) / world), align);
     int64_t at = 0;
     for (size_t i = 0; i < numels.size(); ++i) {
       s.offsets[i] = at;
       at += numels[i];
+    }
+    for (int64_t r = 0; r < world; ++r) {
+      s.used[size_t(r)] = std::max<int64_t>(0, std::min(s.shardElems, total - r * s.shardElems));
     }
   } else {
     // The smallest cap with at most W groups: binary search between the
@@ -72,15 +77,39 @@ ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, in
     }
     const int64_t cap = lo;
     s.shardElems = roundUp(cap, align);
-    int64_t group = 0, fill = 0;
+    // The groups (first gradient of each, and sizes), as groupsFor cuts them.
+    std::vector<size_t> groupOf(numels.size());
+    std::vector<int64_t> groupElems(size_t(world), 0);
+    size_t group = 0;
     for (size_t i = 0; i < numels.size(); ++i) {
-      if (fill + numels[i] > cap) {
-        ++group;
-        fill = 0;
-      }
-      s.offsets[i] = group * s.shardElems + fill;
-      fill += numels[i];
+      if (groupElems[group] + numels[i] > cap) ++group;
+      groupOf[i] = group;
+      groupElems[group] += numels[i];
     }
+    // Group -> segment: identity, or the largest group to the least loaded rank.
+    std::vector<int64_t> segmentOf(static_cast<size_t>(world));
+    for (int64_t g = 0; g < world; ++g) segmentOf[size_t(g)] = g;
+    if (rankLoad) {
+      if (rankLoad->size() < size_t(world)) rankLoad->resize(size_t(world), 0);
+      std::vector<int64_t> byLoad = segmentOf, bySize = segmentOf;
+      std::stable_sort(byLoad.begin(), byLoad.end(), [&](int64_t a, int64_t b) {
+        return (*rankLoad)[size_t(a)] < (*rankLoad)[size_t(b)];
+      });
+      std::stable_sort(bySize.begin(), bySize.end(), [&](int64_t a, int64_t b) {
+        return groupElems[size_t(a)] > groupElems[size_t(b)];
+      });
+      for (size_t k = 0; k < size_t(world); ++k) {
+        segmentOf[size_t(bySize[k])] = byLoad[k];
+        (*rankLoad)[size_t(byLoad[k])] += groupElems[size_t(bySize[k])];
+      }
+    }
+    std::vector<int64_t> fill(static_cast<size_t>(world), 0);
+    for (size_t i = 0; i < numels.size(); ++i) {
+      const size_t g = groupOf[i];
+      s.offsets[i] = segmentOf[g] * s.shardElems + fill[g];
+      fill[g] += numels[i];
+    }
+    for (int64_t g = 0; g < world; ++g) s.used[size_t(segmentOf[size_t(g)])] = groupElems[size_t(g)];
   }
   s.segmentElems = s.shardElems + s.controlElems;
   return s;

@@ -25,8 +25,16 @@
 //    aligned size with W*U >= their sum (the padding at the end);
 //  - SF_SHARD_PARAMETER: the gradients, in bucket order, cut into W
 //    contiguous groups whose largest is as small as possible (balanced by
-//    bytes: one dtype per bucket), group r from logical r*U, U the aligned
-//    size of the largest group; trailing groups may be empty.
+//    bytes: one dtype per bucket), U the aligned size of the largest group;
+//    trailing groups may be empty. Which rank holds which group balances the
+//    ranks across buckets: with `rankLoad` (elements per rank so far, carried
+//    from bucket to bucket), the largest group goes to the least loaded rank,
+//    and so on (ties: the lower rank); without it, group r to rank r.
+//
+// `used[r]`: the elements at the start of segment r that hold gradients; the
+// rest of the segment up to U is padding, which stays zero and off the wire
+// (the collectives move used[r] elements of segment r, plus its control
+// elements), so a padded bucket costs its gradients' bytes, not W * U.
 
 #include <cstdint>
 #include <vector>
@@ -41,6 +49,7 @@ struct ShardLayout {
   int64_t controlElems = 0;  // per segment of the gradient buffer
   int64_t segmentElems = 0;  // S = U + controlElems
   std::vector<int64_t> offsets;  // logical offset of each gradient, in bucket order
+  std::vector<int64_t> used;     // per segment: leading elements holding gradients
 
   int64_t gradientElems() const { return world * segmentElems; }  // gradient buffer
   int64_t parameterElems() const { return world * shardElems; }   // parameter buffer
@@ -62,8 +71,11 @@ struct ShardRange {
 
 // `numels`: the bucket's gradients' sizes, in bucket order. `control`: the
 // bucket carries the window check. `elemBytes`: the dtype's size.
+// `rankLoad` (SF_SHARD_PARAMETER only; may be null): see above; resized to
+// `world` when smaller, and this bucket's groups added to it.
 ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, int64_t world,
-                       sf_shard_layout layout, bool control);
+                       sf_shard_layout layout, bool control,
+                       std::vector<int64_t>* rankLoad = nullptr);
 
 // The part of the gradient at logical `offset` with `numel` elements that
 // `rank` owns (rank < layout.world; always the whole gradient for NONE).

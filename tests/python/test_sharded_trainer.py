@@ -17,6 +17,8 @@ the same scheduler and torch.nn.utils.clip_grad_norm_ on the full model.
                            parameter layout: + its largest parameter), per window exactly one
                            reduce-scatter and one all-gather per bucket and 0 collectives inside
                            windows, the sharded state dict round trip, the full form loaded back
+    memory / memory-parameter  optimizer state per rank at default caps (flat: <= 1/W + 1 %),
+                           and over many small buckets (parameter: <= 1/W + its largest parameter)
     flat-perbucket         find_unused_parameters=False, no clipping: per-bucket steps, gathers
                            waited by the forward pre-hooks
     unsharded              sync.optimizer without sharding: per-bucket steps, the unused
@@ -303,28 +305,42 @@ def buckets_of(sync):
     return sync.context.stats()["bucket_count"]
 
 
-def case_memory(rank, world, c):
+def case_memory(rank, world, c, layout="flat"):
     """Optimizer state per rank <= 1/W of the full AdamW's + 1 % (flat),
-    at the default bucket caps, after one step."""
+    at the default bucket caps, after one step. The parameter layout
+    (whole tensors per rank): <= 1/W + its largest parameter, on a model of
+    many small buckets (where rank 0 held the first group of every bucket
+    before the groups were spread across buckets)."""
     torch.manual_seed(3)
-    model = torch.nn.Sequential(torch.nn.Linear(300, 301), torch.nn.Tanh(),
-                                torch.nn.Linear(301, 7))
+    if layout == "flat":
+        model = torch.nn.Sequential(torch.nn.Linear(300, 301), torch.nn.Tanh(),
+                                    torch.nn.Linear(301, 7))
+        caps = {}
+    else:
+        model = torch.nn.Sequential(*[torch.nn.Linear(64 + i, 65 + i) for i in range(12)])
+        caps = {"bucket_cap_mb": 0.02, "first_bucket_cap_mb": 0.02}
     sync = gsync(model, accumulation_steps=1, shard_optimizer=True,
-                            shard_layout="flat", find_unused_parameters=False)
+                 shard_layout=layout, find_unused_parameters=False, **caps)
     opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
-    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(rank))
+    x = torch.randn(4, 64 if caps else 300, generator=torch.Generator().manual_seed(rank))
     model(x).square().mean().backward()
     opt.step()
     full = sum(p.numel() for p in model.parameters()) * 8  # exp_avg + exp_avg_sq, float32
     mine = state_bytes(opt)
-    c.that(mine <= full / world * 1.01, "memory: optimizer state %d bytes on this rank, the "
-           "full AdamW's %d / %d = %.0f (+1 %%)" % (mine, full, world, full / world))
+    slack = 0.01 * full / world
+    if layout == "parameter":
+        slack = max(p.numel() for p in model.parameters()) * 8
+        c.that(buckets_of(sync) >= 2 * world, "memory: %d buckets, wanted >= %d" % (
+            buckets_of(sync), 2 * world))
+    c.that(mine <= full / world + slack, "memory (%s): optimizer state %d bytes on this rank, "
+           "the full AdamW's %d / %d = %.0f (+ %.0f)" % (layout, mine, full, world,
+                                                        full / world, slack))
     gathered = shard.stats(sync.context)["bytes_gathered"]
     grads = sum(p.numel() * 4 for p in model.parameters())
     c.that(grads <= gathered <= 1.02 * grads, "memory: %d bytes gathered for %d parameter bytes"
            % (gathered, grads))
     sync.close()
-    return "memory %.4f/W" % (mine / (full / world))
+    return "memory %s %.4f/W" % (layout, mine / (full / world))
 
 
 def case_bf16(rank, world, c):
@@ -438,7 +454,8 @@ def case_bad_input(rank, world, c):
     return "bad input"
 
 
-CASES = "flat,parameter,flat-perbucket,unsharded,unsharded-perbucket,memory,bf16,attach,bad"
+CASES = ("flat,parameter,flat-perbucket,unsharded,unsharded-perbucket,memory,memory-parameter,"
+         "bf16,attach,bad")
 
 
 def run_cases(rank, world, cases, c):
@@ -457,6 +474,8 @@ def run_cases(rank, world, cases, c):
             done.append(case_parity(rank, world, c, None, clip=0.0, unused=True, refs=refs))
         elif name == "memory":
             done.append(case_memory(rank, world, c))
+        elif name == "memory-parameter":
+            done.append(case_memory(rank, world, c, "parameter"))
         elif name == "bf16":
             done.append(case_bf16(rank, world, c))
         elif name == "attach":
