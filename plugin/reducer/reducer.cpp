@@ -199,22 +199,25 @@ void Reducer::buildLocked() {
   for (const auto& g : grads_) specs.push_back({g.numel, g.dtype, g.device});
   plan_ = planBuckets(specs, capBytes(capMb_), capBytes(firstCapMb_));
 
-  // The window check rides in one bucket: a host bucket if there is one,
-  // else a device bucket (its two values go through a small pinned copy);
-  // the most exact dtype, the last such bucket (every rank plans the same
-  // buckets from the same layout, which verifyLayout checks before the
-  // first collective).
+  // The window check rides in one bucket of the layout's most exact dtype
+  // (which sets the modulus): a host bucket if one is that exact, else a
+  // device bucket (its two values go through a small pinned copy); the last
+  // such bucket (every rank plans the same buckets from the same layout,
+  // which verifyLayout checks before the first collective).
   controlBucket_ = -1;
   controlModulus_ = 0;
   if (opts_.world_size > 1) {
     int best = 0;
-    // Host buckets first; a device bucket carries the check only in a
-    // device-only layout, and not in a sharded one (NCCL's reduce-scatter
-    // scales every element it receives).
+    // Host buckets first; a device bucket carries the check only when it is
+    // more exact than every host bucket (a 16-bit host bucket must not shrink
+    // a float32 device layout's modulus), and not in a sharded layout (NCCL's
+    // reduce-scatter scales every element it receives).
     for (sf_device device : {SF_DEVICE_HOST, SF_DEVICE_CUDA}) {
       if (device == SF_DEVICE_CUDA && shard_ != SF_SHARD_NONE) break;
+      const int hostBest = best;
       for (size_t i = 0; i < plan_.size(); ++i) {
         if (plan_[i].device != device || exactBits(plan_[i].dtype) < best) continue;
+        if (device == SF_DEVICE_CUDA && controlBucket_ >= 0 && exactBits(plan_[i].dtype) <= hostBest) continue;
         // The flat sharded layout stages its window-check bucket (the control
         // slots cut gradients): there the smallest such bucket costs least.
         if (shard_ == SF_SHARD_FLAT && exactBits(plan_[i].dtype) == best && controlBucket_ >= 0 &&
@@ -224,7 +227,6 @@ void Reducer::buildLocked() {
         best = exactBits(plan_[i].dtype);
         controlBucket_ = int64_t(i);
       }
-      if (controlBucket_ >= 0) break;
     }
     if (controlBucket_ >= 0) {
       // A float32 bucket on a 16-bit wire carries its values as that type.

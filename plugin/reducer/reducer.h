@@ -198,7 +198,8 @@ class Reducer {
   std::atomic<bool> built_{false};
   bool verified_ = false;
 
-  // The window check (world size > 1; a host bucket if any, else a device one): index of the
+  // The window check (world size > 1; a bucket of the most exact dtype, a host one if
+  // any is that exact, else a device one): index of the
   // bucket carrying (w mod p, (w mod p)^2), the modulus p, and the window
   // number of the pass in flight.
   int64_t controlBucket_ = -1;
