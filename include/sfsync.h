@@ -344,7 +344,9 @@ SF_API sf_status sf_grad_ready(sf_context* ctx, int64_t id);
  * failed: every later synchronization returns the same error.
  *
  * Ranks out of step (since 0.2): every synchronization also checks, inside
- * one host bucket's collective (two extra elements, no extra collective),
+ * the collective of one bucket of the layout's most exact dtype (two extra
+ * elements, no extra collective; a host bucket among equals, else a device
+ * bucket, whose two elements travel through a small pinned copy, Since 0.3),
  * that all ranks complete the same window; if not (a rank skipped or added
  * an sf_synchronize) it fails with SF_ERR_MISMATCH on every rank, naming the
  * window numbers, and the context is failed. A window is numbered when it is
@@ -356,13 +358,15 @@ SF_API sf_status sf_grad_ready(sf_context* ctx, int64_t id);
  * since the previous synchronization: that is an extra synchronization.
  * Windows of different lengths on different ranks stay legal. Limits: a
  * host that never reports sf_grad_ready cannot be told apart when it adds a
- * synchronization with no begin (it is a legal window of one micro-batch);
+ * synchronization with no begin (it is a legal window of one micro-batch),
+ * nor when it skips one (its peers' last synchronization then ends in
+ * SF_ERR_TIMEOUT);
  * numbers are compared modulo p (float64 buckets: p >= 2^20 up to 2^12
  * ranks; float32: p = floor(sqrt(2^24 / world_size)) + 1, e.g. 2897 for 2
  * ranks; float16 / bfloat16-only layouts: 2^11 / 2^8 instead of 2^24, e.g. 9
  * for bfloat16 on 4 ranks), so ranks a multiple of p windows apart pass; no
- * check with CUDA-only layouts (NCCL) or bfloat16-only layouts above 256
- * ranks.
+ * check with sharded CUDA-only layouts (NCCL's reduce-scatter scales every
+ * element) or bfloat16-only layouts above 256 ranks.
  */
 SF_API sf_status sf_synchronize(sf_context* ctx);
 
