@@ -342,13 +342,12 @@ std::unique_ptr<Work> GlooBackend::startAllgather(void* data, int64_t segmentEle
                                                   ReduceSpec spec) {
   connect();
   throwIfFailed();
-  const int64_t elemBytes = int64_t(dtypeSize(dtype));
   const std::chrono::milliseconds timeout(opts_.timeout_ms);
   // Tags 2^31.. : their own sequence, apart from the reductions' 1..2^31-1.
   const uint32_t tag = 0x80000000u | uint32_t(nextGather_++ % 0x7fffffffu);
   auto context = context_;
   char* base = static_cast<char*>(data);
-  auto task = [this, context, base, segmentElems, dtype, elemBytes, spec, tag, timeout] {
+  auto task = [this, context, base, segmentElems, dtype, spec, tag, timeout] {
     throwIfFailed();
     int64_t sent = 0;
     RingTraced traced(spec.trace, int(1 + lanes_), "gather", "all_gather", spec.bucket, 0, &sent);
