@@ -29,6 +29,13 @@ int64_t bytesOf(const std::vector<RingSpan>& spans) {
   return n;
 }
 
+// The bytes of the piece's fullest segment (0: nothing travels).
+int64_t largestSegment(const RingPiece& piece) {
+  int64_t most = 0;
+  for (const auto& spans : piece.spans) most = std::max(most, bytesOf(spans));
+  return most;
+}
+
 void waitOrFail(bool completed, const char* what) {
   if (!completed) fail(SF_ERR_TIMEOUT, std::string("gloo ") + what + ": wait aborted");
 }
@@ -63,8 +70,7 @@ int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32
                           std::chrono::milliseconds timeout, std::vector<char>& scratch) {
   const int w = context.size, r = context.rank;
   if (w == 1) return 0;
-  int64_t most = 0;
-  for (const auto& spans : piece.spans) most = std::max(most, bytesOf(spans));
+  const int64_t most = largestSegment(piece);
   if (most == 0) return 0;
   const int right = (r + 1) % w, left = (r - 1 + w) % w;
   if (scratch.size() < size_t(most)) scratch.resize(size_t(most));
@@ -102,8 +108,7 @@ int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t t
                       std::chrono::milliseconds timeout) {
   const int w = context.size, r = context.rank;
   if (w == 1) return 0;
-  int64_t most = 0;
-  for (const auto& spans : piece.spans) most = std::max(most, bytesOf(spans));
+  const int64_t most = largestSegment(piece);
   if (most == 0) return 0;
   const int right = (r + 1) % w, left = (r - 1 + w) % w;
   auto data = context.createUnboundBuffer(piece.base, size_t(piece.strideBytes) * size_t(w));

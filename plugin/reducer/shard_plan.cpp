@@ -26,39 +26,31 @@ int64_t groupsFor(const std::vector<int64_t>& numels, int64_t cap) {
 ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, int64_t world,
                        sf_shard_layout layout, bool control, std::vector<int64_t>* rankLoad) {
   ShardLayout s;
+  const int64_t align = std::max<int64_t>(1, 64 / elemBytes);
+  std::vector<int64_t> packed;  // the gradients contiguous from 0 (unsharded, flat)
   int64_t total = 0;
-  for (int64_t n : numels) total += n;
+  for (int64_t n : numels) {
+    packed.push_back(total);
+    total += n;
+  }
   if (layout == SF_SHARD_NONE || world <= 1) {
-    // One segment; at world size 1 a sharded layout is the same (rank 0 owns all).
+    // One segment; at world size 1 a sharded layout is the same (rank 0 owns
+    // all), aligned and with an aligned control slot as the sharded ones.
+    const bool sharded = layout != SF_SHARD_NONE;
     s.world = 1;
-    s.shardElems = total;
-    s.controlElems = control ? 2 : 0;
-    if (layout != SF_SHARD_NONE) {
-      const int64_t align = std::max<int64_t>(1, 64 / elemBytes);
-      s.shardElems = roundUp(total, align);
-      s.controlElems = control ? align : 0;
-    }
+    s.shardElems = sharded ? roundUp(total, align) : total;
+    s.controlElems = control ? (sharded ? align : 2) : 0;
     s.segmentElems = s.shardElems + s.controlElems;
-    int64_t at = 0;
-    for (size_t i = 0; i < numels.size(); ++i) {
-      s.offsets.push_back(at);
-      at += numels[i];
-    }
+    s.offsets = packed;
     s.used = {total};
     return s;
   }
-  const int64_t align = std::max<int64_t>(1, 64 / elemBytes);
   s.world = world;
   s.controlElems = control ? align : 0;
-  s.offsets.resize(numels.size());
   s.used.assign(size_t(world), 0);
   if (layout == SF_SHARD_FLAT) {
     s.shardElems = roundUp(std::max<int64_t>(1, (total + world - 1) / world), align);
-    int64_t at = 0;
-    for (size_t i = 0; i < numels.size(); ++i) {
-      s.offsets[i] = at;
-      at += numels[i];
-    }
+    s.offsets = packed;
     for (int64_t r = 0; r < world; ++r) {
       s.used[size_t(r)] = std::max<int64_t>(0, std::min(s.shardElems, total - r * s.shardElems));
     }
@@ -77,6 +69,7 @@ ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, in
     }
     const int64_t cap = lo;
     s.shardElems = roundUp(cap, align);
+    s.offsets.resize(numels.size());
     // The groups (first gradient of each, and sizes), as groupsFor cuts them.
     std::vector<size_t> groupOf(numels.size());
     std::vector<int64_t> groupElems(size_t(world), 0);
