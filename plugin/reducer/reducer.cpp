@@ -207,26 +207,25 @@ void Reducer::buildLocked() {
   controlBucket_ = -1;
   controlModulus_ = 0;
   if (opts_.world_size > 1) {
-    int best = 0;
-    // Host buckets first; a device bucket carries the check only when it is
-    // more exact than every host bucket (a 16-bit host bucket must not shrink
-    // a float32 device layout's modulus), and not in a sharded layout (NCCL's
-    // reduce-scatter scales every element it receives).
-    for (sf_device device : {SF_DEVICE_HOST, SF_DEVICE_CUDA}) {
-      if (device == SF_DEVICE_CUDA && shard_ != SF_SHARD_NONE) break;
-      const int hostBest = best;
-      for (size_t i = 0; i < plan_.size(); ++i) {
-        if (plan_[i].device != device || exactBits(plan_[i].dtype) < best) continue;
-        if (device == SF_DEVICE_CUDA && controlBucket_ >= 0 && exactBits(plan_[i].dtype) <= hostBest) continue;
-        // The flat sharded layout stages its window-check bucket (the control
-        // slots cut gradients): there the smallest such bucket costs least.
-        if (shard_ == SF_SHARD_FLAT && exactBits(plan_[i].dtype) == best && controlBucket_ >= 0 &&
-            plan_[i].bytes > plan_[size_t(controlBucket_)].bytes) {
-          continue;
-        }
-        best = exactBits(plan_[i].dtype);
-        controlBucket_ = int64_t(i);
+    // Whether bucket i carries the check better than bucket c: the more
+    // exact dtype (a 16-bit host bucket must not shrink a float32 device
+    // layout's modulus); among equals a host bucket; in the flat sharded
+    // layout, which stages its window-check bucket (the control slots cut
+    // gradients), the smaller; else the later. Device buckets only unsharded
+    // (NCCL's reduce-scatter scales every element it receives).
+    auto better = [&](size_t i, size_t c) {
+      const int ei = exactBits(plan_[i].dtype), ec = exactBits(plan_[c].dtype);
+      if (ei != ec) return ei > ec;
+      const bool hi = plan_[i].device == SF_DEVICE_HOST, hc = plan_[c].device == SF_DEVICE_HOST;
+      if (hi != hc) return hi;
+      if (shard_ == SF_SHARD_FLAT && plan_[i].bytes != plan_[c].bytes) {
+        return plan_[i].bytes < plan_[c].bytes;
       }
+      return true;
+    };
+    for (size_t i = 0; i < plan_.size(); ++i) {
+      if (plan_[i].device != SF_DEVICE_HOST && shard_ != SF_SHARD_NONE) continue;
+      if (controlBucket_ < 0 || better(i, size_t(controlBucket_))) controlBucket_ = int64_t(i);
     }
     if (controlBucket_ >= 0) {
       // A float32 bucket on a 16-bit wire carries its values as that type.
