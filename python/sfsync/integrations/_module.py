@@ -1,0 +1,80 @@
+"""SyncedModule: a GradientSync in DistributedDataParallel's shape, for
+frameworks that take and drive an nn.Module (they call it, move it, put it
+in train mode, read its parameters and look for ``no_sync`` by name).
+
+It is responsible for that shape only: windows, reduction, verification and
+the optimizer are the GradientSync's (sfsync/torch.py).
+"""
+
+import inspect
+
+import torch
+
+__all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer"]
+
+
+class SyncedModule(torch.nn.Module):
+    """``SyncedModule(sync)``: ``.module`` is the GradientSync's module (a
+    submodule, so ``parameters()``, ``train()``, ``to()`` and
+    ``state_dict()`` reach it, keys prefixed ``module.`` as DDP's),
+    ``forward`` calls it through the GradientSync, ``no_sync()`` is the
+    GradientSync's (forward and backward inside it accumulate locally; the
+    next pass outside synchronizes), ``.sync`` is the GradientSync."""
+
+    def __init__(self, sync):
+        super().__init__()
+        self.module = sync.module
+        object.__setattr__(self, "sync", sync)  # not a submodule (no second parameter list)
+
+    def forward(self, *args, **kwargs):
+        call = self.sync if callable(self.sync) else self.module
+        return call(*args, **kwargs)
+
+    def no_sync(self):
+        """DDP's context manager: micro-batches 1..N-1 of a window."""
+        return self.sync.no_sync()
+
+    def is_step(self):
+        return self.sync.is_step()
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Clip by the global gradient norm (as FSDP's method of the same
+        name): through the GradientSync's optimizer when it has one (its
+        ``clip_grad_norm_`` is global in the sharded mode too), else
+        ``torch.nn.utils.clip_grad_norm_`` over the module's parameters.
+        Returns the norm before clipping."""
+        opt = sync_optimizer(self.sync)
+        if opt is not None:
+            return opt.clip_grad_norm_(max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)
+
+
+def sync_optimizer(sync):
+    """The optimizer made by ``sync.optimizer(...)``, or None. (GradientSync
+    keeps it in ``_optimizer``; no public name for it yet.)"""
+    return getattr(sync, "_optimizer", None)
+
+
+def synced(model):
+    """The SyncedModule in or at ``model`` (None if there is none)."""
+    seen = set()
+    while model is not None and id(model) not in seen:
+        seen.add(id(model))
+        if isinstance(model, SyncedModule):
+            return model
+        model = getattr(model, "module", None)
+    return None
+
+
+def rebuild_optimizer(sync, opt):
+    """``sync.optimizer`` of ``opt``'s class, parameter groups and
+    constructor defaults, for a framework that built a plain one (before any
+    step: its state is not carried over). torch's optimizers keep some
+    defaults their constructor does not take (AdamW's
+    decoupled_weight_decay): only the constructor's arguments pass."""
+    cls = type(opt)
+    accepted = inspect.signature(cls.__init__).parameters
+    defaults = {k: v for k, v in opt.defaults.items() if k in accepted}
+    groups = [{k: v for k, v in g.items() if k == "params" or k in accepted}
+              for g in opt.param_groups]
+    return sync.optimizer(cls, groups, **defaults)

@@ -1,0 +1,112 @@
+"""What the framework tests share: the kernel's byte count, the weights as
+one vector, the comparison across ranks, and the checks with their numbers.
+
+Bytes are counted outside sfsync and outside the framework: /proc/self/io
+wchar (every byte this process wrote, sockets included) between one
+optimizer step and the next, so a window's count holds its gradient
+reduction and whatever else the framework sent in it. Nothing else writes
+in a window: no logger, no progress bar, no checkpoint; output goes to
+stderr only after the run.
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def say(text):
+    sys.stderr.write("[rank %s] %s\n" % (os.environ.get("RANK", "?"), text))
+    sys.stderr.flush()
+
+
+def wchar():
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("no wchar in /proc/self/io")
+
+
+class Windows:
+    """wchar at the start and at each optimizer step (after the window's
+    last backward pass, before clipping), and the micro-batches of each
+    window."""
+
+    def __init__(self):
+        self.marks, self.lengths, self._micro = [], [], 0
+
+    def start(self):
+        self.marks = [wchar()]
+
+    def micro(self):
+        self._micro += 1
+
+    def step(self):
+        self.marks.append(wchar())
+        self.lengths.append(self._micro)
+        self._micro = 0
+
+    def bytes(self):
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def grad_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def flat(model):
+    return torch.cat([p.detach().double().reshape(-1).cpu() for p in model.parameters()])
+
+
+def rank_spread(vector):
+    """max |rank r - rank 0| over the ranks (torch.distributed, after the run)."""
+    parts = [torch.empty_like(vector) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, vector)
+    return max((p - parts[0]).abs().max().item() for p in parts)
+
+
+class Checks:
+    def __init__(self):
+        self.failed = []
+
+    def that(self, ok, text):
+        say(("ok    " if ok else "CHECK FAILED ") + text)
+        if not ok:
+            self.failed.append(text)
+
+    def finish(self, name):
+        spread = torch.tensor([float(len(self.failed))])
+        dist.all_reduce(spread)
+        if spread.item():
+            say("%s: %d checks failed on this rank" % (name, len(self.failed)))
+            sys.exit(1)
+        say("%s: OK" % name)
+
+
+def report(checks, case, model_vector, ref_vector, windows, ref_windows, gbytes, tol,
+           ratio_range=(0.9, 1.1), skip_first=False):
+    """The numbers of one case against the framework's DDP run: max diff,
+    rank agreement, window lengths, bytes per window / gradient bytes."""
+    diff = (model_vector - ref_vector).abs().max().item()
+    spread = rank_spread(model_vector)
+    b = windows.bytes()
+    rb = ref_windows.bytes()
+    first = 1 if skip_first else 0
+    ratios = [x / gbytes for x in b[first:]]
+    ref_ratios = [x / gbytes for x in rb[first:]]
+    say("%s: windows %s (DDP %s), max |w - w_DDP| %.3g (tol %.1g), ranks apart %.3g, "
+        "bytes/window / gradient bytes %s (DDP %s)%s" % (
+            case, windows.lengths, ref_windows.lengths, diff, tol, spread,
+            " ".join("%.4f" % r for r in ratios), " ".join("%.4f" % r for r in ref_ratios),
+            " (window 1 holds the setup: not judged)" if skip_first else ""))
+    checks.that(windows.lengths == ref_windows.lengths,
+                "%s: the same windows as DDP (%s)" % (case, windows.lengths))
+    checks.that(diff <= tol, "%s: max diff vs DDP %.3g <= %.1g" % (case, diff, tol))
+    checks.that(spread == 0.0, "%s: ranks identical (%.3g)" % (case, spread))
+    lo, hi = ratio_range
+    checks.that(all(lo <= r <= hi for r in ratios),
+                "%s: bytes per window in [%.2f, %.2f] x gradient bytes (%.4f..%.4f)"
+                % (case, lo, hi, min(ratios), max(ratios)))
+    return diff, spread, ratios
