@@ -86,27 +86,46 @@ class Checks:
 
 
 def report(checks, case, model_vector, ref_vector, windows, ref_windows, gbytes, tol,
-           ratio_range=(0.9, 1.1), skip_first=False):
+           ratio_range=(0.9, 1.1), skip_first=False, init=None, rel_tol=None):
     """The numbers of one case against the framework's DDP run: max diff,
-    rank agreement, window lengths, bytes per window / gradient bytes."""
+    rank agreement, window lengths, bytes per window / gradient bytes.
+    With ``init`` (the initial weights) and ``rel_tol``, also the error of
+    the training's update relative to DDP's, ||w - w_DDP|| / ||w_DDP - w0||
+    (for a 16-bit wire, where no fixed absolute bound is meaningful)."""
     diff = (model_vector - ref_vector).abs().max().item()
+    if init is not None:
+        rel = ((model_vector - ref_vector).norm() / (ref_vector - init).norm()).item()
+        say("%s: ||w - w_DDP|| / ||w_DDP - w0|| = %.3g (tol %.2g)" % (case, rel, rel_tol))
+        checks.that(rel <= rel_tol, "%s: relative update error %.3g <= %.2g"
+                    % (case, rel, rel_tol))
     spread = rank_spread(model_vector)
     b = windows.bytes()
     rb = ref_windows.bytes()
     first = 1 if skip_first else 0
     ratios = [x / gbytes for x in b[first:]]
     ref_ratios = [x / gbytes for x in rb[first:]]
-    say("%s: windows %s (DDP %s), max |w - w_DDP| %.3g (tol %.1g), ranks apart %.3g, "
+    say("%s: windows %s (DDP %s), max |w - w_DDP| %.3g (tol %.2g), ranks apart %.3g, "
         "bytes/window / gradient bytes %s (DDP %s)%s" % (
             case, windows.lengths, ref_windows.lengths, diff, tol, spread,
             " ".join("%.4f" % r for r in ratios), " ".join("%.4f" % r for r in ref_ratios),
             " (window 1 holds the setup: not judged)" if skip_first else ""))
     checks.that(windows.lengths == ref_windows.lengths,
                 "%s: the same windows as DDP (%s)" % (case, windows.lengths))
-    checks.that(diff <= tol, "%s: max diff vs DDP %.3g <= %.1g" % (case, diff, tol))
+    checks.that(diff <= tol, "%s: max diff vs DDP %.3g <= %.2g" % (case, diff, tol))
     checks.that(spread == 0.0, "%s: ranks identical (%.3g)" % (case, spread))
     lo, hi = ratio_range
     checks.that(all(lo <= r <= hi for r in ratios),
                 "%s: bytes per window in [%.2f, %.2f] x gradient bytes (%.4f..%.4f)"
                 % (case, lo, hi, min(ratios), max(ratios)))
     return diff, spread, ratios
+
+
+def selected(cases):
+    """The cases named after --cases (comma-separated; all by default)."""
+    if "--cases" in sys.argv:
+        wanted = sys.argv[sys.argv.index("--cases") + 1].split(",")
+        unknown = set(wanted) - {c[0] for c in cases}
+        if unknown:
+            raise SystemExit("unknown cases %s" % sorted(unknown))
+        return [c for c in cases if c[0] in wanted]
+    return cases

@@ -1,0 +1,153 @@
+"""A Lightning ``Trainer(accumulate_grad_batches=N, gradient_clip_val=...)``
+with sfsync's strategy (sfsync.integrations.lightning.SfsyncStrategy)
+against the same Trainer on Lightning's own DDPStrategy, 2 ranks on gloo,
+one torchrun launch, several fits:
+
+    ddp       DDPStrategy()
+    sfsync    SfsyncStrategy(verify_every=1)
+    sharded   SfsyncStrategy(shard_optimizer=True, verify_every=2): the
+              AdamW of configure_optimizers rebuilt sharded; the clip goes
+              to its global clip_grad_norm_
+    bf16      SfsyncStrategy(wire_dtype=bf16)
+
+52 samples, batch 4, N = 3, 2 epochs: the DistributedSampler gives each
+rank 26 samples, 7 batches (the last of 2), windows 3, 3, 1 (Lightning steps
+on the epoch's final batch), twice. AdamW lr 1e-2, gradient_clip_val 0.5
+(it clips: the norms are printed). Judged per case: final weights vs DDP's
+(1e-6; bf16: 2 lr steps = 0.12 and the update within 5 % of DDP's, see
+BF16_TOL), ranks identical, bytes written per window / gradient
+bytes in [0.95, 1.10] (bf16 [0.45, 0.60]) for every window but the first
+(it also holds Lightning's setup collectives), the windows DDP had.
+"""
+
+import os
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+import lightning  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
+
+import sfsync  # noqa: E402
+from sfsync.integrations.lightning import SfsyncStrategy  # noqa: E402
+
+N, BATCH, SAMPLES, EPOCHS, LR, CLIP = 3, 4, 52, 2, 1e-2, 0.5
+# bf16 wire: AdamW moves each weight by at most about lr per step whatever
+# the gradient, so 2 * lr * steps bounds |w - w_DDP| (a sign flipped by the
+# rounding where the ranks' gradients nearly cancel); the update as a whole
+# must be within 5 % of DDP's.
+STEPS = 6
+BF16_TOL, BF16_REL = 2 * LR * STEPS, 5e-2
+
+warnings.filterwarnings("ignore")
+
+
+class Net(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
+                                       torch.nn.Linear(256, 256), torch.nn.Tanh(),
+                                       torch.nn.Linear(256, 8))
+        self.norms = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=LR)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
+                                    gradient_clip_algorithm=None):
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self.norms.append(torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+
+class Bytes(lightning.Callback):
+    def __init__(self):
+        self.windows = C.Windows()
+
+    def on_train_start(self, trainer, module):
+        self.windows.start()
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.windows.micro()
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.windows.step()
+
+
+def loader():
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(SAMPLES, 64, generator=g), torch.randn(SAMPLES, 8, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                       batch_size=BATCH, shuffle=False)
+
+
+def fit(strategy):
+    model, counter = Net(), Bytes()
+    trainer = lightning.Trainer(accelerator="cpu", devices=2, strategy=strategy,
+                                max_epochs=EPOCHS, accumulate_grad_batches=N,
+                                gradient_clip_val=CLIP, callbacks=[counter], logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(model, loader())
+    return model, counter.windows, trainer
+
+
+def main():
+    checks = C.Checks()
+    model, ref_windows, trainer = fit(DDPStrategy())
+    checks.that(isinstance(trainer.strategy, DDPStrategy), "reference: Lightning's DDPStrategy")
+    ref = C.flat(model)
+    gbytes = C.grad_bytes(model)
+    C.say("ddp: clip norms %s" % " ".join("%.3f" % n for n in model.norms))
+    cases = [("sfsync", dict(verify_every=1), 1e-6, (0.95, 1.10)),
+             ("sharded", dict(shard_optimizer=True, verify_every=2), 1e-6, (0.95, 1.10)),
+             ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), BF16_TOL,
+              (0.45, 0.60))]
+    for name, options, tol, ratio in C.selected(cases):
+        strategy = SfsyncStrategy(**options)
+        seen = {}
+        original = strategy.teardown
+
+        def teardown(strategy=strategy, seen=seen, original=original):
+            sync = strategy.sync
+            if sync is not None and sync.context is not None:
+                seen.update(windows=sync.windows, stats=sync.stats(),
+                            optimizer=type(strategy.optimizers[0]).__name__)
+            original()
+        strategy.teardown = teardown
+        model, windows, trainer = fit(strategy)
+        C.say("%s: clip norms %s" % (name, " ".join("%.3f" % n for n in model.norms)))
+        bf16 = "wire_dtype" in options
+        C.report(checks, name, C.flat(model), ref, windows, ref_windows, gbytes, tol, ratio,
+                 skip_first=True, init=C.flat(Net()) if bf16 else None,
+                 rel_tol=BF16_REL if bf16 else None)
+        checks.that(seen.get("windows") == len(ref_windows.lengths),
+                    "%s: %s sfsync windows (DDP steps %d), optimizer %s" % (
+                        name, seen.get("windows"), len(ref_windows.lengths),
+                        seen.get("optimizer")))
+        st = seen.get("stats", {})
+        C.say("%s: plugin stats windows_completed %s, collectives %s, reduce_scatters %s, "
+              "bytes_reduced %s" % (name, st.get("windows_completed"),
+                                    st.get("collectives_issued"), st.get("reduce_scatters"),
+                                    st.get("bytes_reduced")))
+        if options.get("shard_optimizer"):
+            checks.that(seen.get("optimizer") == "SyncOptimizer" and st.get("reduce_scatters"),
+                        "%s: the optimizer is sfsync's sharded one" % name)
+    checks.finish("test_lightning")
+
+
+if __name__ == "__main__":
+    main()
