@@ -108,7 +108,8 @@ def report(checks, case, model_vector, ref_vector, windows, ref_windows, gbytes,
         "bytes/window / gradient bytes %s (DDP %s)%s" % (
             case, windows.lengths, ref_windows.lengths, diff, tol, spread,
             " ".join("%.4f" % r for r in ratios), " ".join("%.4f" % r for r in ref_ratios),
-            " (window 1 holds the setup: not judged)" if skip_first else ""))
+            " (window 1, %.4f / DDP %.4f, holds the setup: not judged)" % (
+                b[0] / gbytes, rb[0] / gbytes) if skip_first else ""))
     checks.that(windows.lengths == ref_windows.lengths,
                 "%s: the same windows as DDP (%s)" % (case, windows.lengths))
     checks.that(diff <= tol, "%s: max diff vs DDP %.3g <= %.2g" % (case, diff, tol))

@@ -1,0 +1,85 @@
+"""sfsync in the HF Trainer: ``TrainingArguments(gradient_accumulation_steps=N)``
+decides the windows, sfsync carries the gradients (instead of the DDP that
+the Trainer's Accelerator would wrap)::
+
+    from sfsync.integrations.transformers import SfsyncTrainer
+
+    trainer = SfsyncTrainer(model=model, args=TrainingArguments(
+                                gradient_accumulation_steps=4, max_grad_norm=1.0, ...),
+                            train_dataset=data, sync_options=dict(verify_every=100))
+    trainer.train()
+
+``sync_options`` go to ``sfsync.torch.GradientSync``: ``shard_optimizer=True``
+makes the optimizer the Trainer builds (``args.optim``, or
+``optimizer_cls_and_kwargs``) sfsync's sharded optimizer of the same class
+and parameter groups; ``wire_dtype=sfsync.DTYPE_BFLOAT16`` (or
+``SF_WIRE_DTYPE=bf16``) a 16-bit wire; verify_every, bucket_cap_mb, ...
+Mixing into a Trainer subclass of your own: ``class MyTrainer(SfsyncTrainerMixin,
+YourTrainer)``. ``trainer.sync`` is the GradientSync.
+
+How it fits: the Trainer asks ``_wrap_model`` for the training model and,
+when that returns another object than the model, prepares only the optimizer
+with Accelerate (its path for wrappers it does not know). Here it returns a
+``SyncedModule`` (DDP's shape over a GradientSync); the Trainer runs
+micro-batches 1..N-1 inside ``accelerator.no_sync(model)``, which finds
+``no_sync`` on it by name, and the last one outside (also the epoch's short
+last window), which synchronizes inside its ``backward()``. ``max_grad_norm``
+clips by the global norm through ``SyncedModule.clip_grad_norm_`` (sfsync's
+optimizer's own when it has one).
+"""
+
+from transformers import Trainer
+
+from sfsync.integrations._module import SyncedModule, rebuild_optimizer, sync_optimizer
+
+__all__ = ["SfsyncTrainer", "SfsyncTrainerMixin"]
+
+
+class SfsyncTrainerMixin:
+    """The Trainer methods that put sfsync in place of DDP; see the module
+    docstring. ``sync_options``: GradientSync's keyword arguments."""
+
+    def __init__(self, *args, sync_options=None, **kwargs):
+        options = dict(sync_options or {})
+        if "accumulation_steps" in options:
+            raise TypeError("SfsyncTrainer: accumulation_steps is the Trainer's "
+                            "(TrainingArguments(gradient_accumulation_steps=N))")
+        self._sync_options = options
+        self.sync = None
+        super().__init__(*args, **kwargs)
+
+    def _sfsync(self):
+        if self.sync is None or self.sync.context is None:
+            from sfsync.torch import GradientSync
+            self.model.train()
+            self.sync = GradientSync(self.model, **self._sync_options)
+        return self.sync
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        if self._sync_options.get("shard_optimizer") and \
+                sync_optimizer(self._sfsync()) is not optimizer:
+            self.optimizer = optimizer = rebuild_optimizer(self.sync, optimizer)
+        return optimizer
+
+    def _wrap_model(self, model, training=True, dataloader=None):
+        if not training:
+            return super()._wrap_model(model, training, dataloader)
+        if isinstance(model, SyncedModule) and model.sync.context is not None:
+            return model
+        return SyncedModule(self._sfsync())
+
+    def _clip_grad_norm(self, model):
+        if isinstance(model, SyncedModule):
+            self.accelerator.unscale_gradients()
+            return model.clip_grad_norm_(self.args.max_grad_norm)
+        return super()._clip_grad_norm(model)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if grad_norm is None and isinstance(model, SyncedModule):
+            grad_norm = model.clip_grad_norm_(float("inf"))
+        return super()._get_grad_norm(model, grad_norm=grad_norm)
+
+
+class SfsyncTrainer(SfsyncTrainerMixin, Trainer):
+    """``transformers.Trainer`` with sfsync in place of DDP."""

@@ -1,0 +1,138 @@
+"""The HF ``Trainer(gradient_accumulation_steps=N, max_grad_norm=...)`` with
+sfsync (sfsync.integrations.transformers.SfsyncTrainer) against the plain
+Trainer, whose Accelerator wraps the model in DDP, 2 ranks on gloo, one
+torchrun launch, several trainings of a tiny GPT-2 built from a config:
+
+    ddp       transformers.Trainer
+    sfsync    SfsyncTrainer(sync_options=dict(verify_every=1))
+    sharded   SfsyncTrainer(sync_options=dict(shard_optimizer=True, verify_every=2)):
+              the Trainer's AdamW (optim="adamw_torch") rebuilt sharded, the
+              clip through its global clip_grad_norm_
+    bf16      SfsyncTrainer(sync_options=dict(wire_dtype=bf16))
+
+30 sequences, batch 2 per rank, N = 3, 2 epochs: 8 batches per rank and
+epoch (the last of 1), windows 3, 3, 2 (the Trainer's short last window),
+twice. AdamW lr 1e-3, constant schedule, max_grad_norm 0.5. Judged per case:
+final weights vs DDP's (1e-6; bf16: 2 lr steps and the update within 5 %
+of DDP's), ranks identical, bytes written per window / gradient bytes in
+[0.95, 1.10] (bf16 [0.45, 0.60]) for every window but the first, the
+windows DDP had.
+"""
+
+import os
+import sys
+import tempfile
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+import transformers  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback  # noqa: E402
+from transformers import TrainingArguments  # noqa: E402
+
+import sfsync  # noqa: E402
+from sfsync.integrations._module import sync_optimizer  # noqa: E402
+from sfsync.integrations.transformers import SfsyncTrainer  # noqa: E402
+
+N, BATCH, SAMPLES, EPOCHS, LR, CLIP, SEQ = 3, 2, 30, 2, 1e-3, 0.5, 16
+STEPS = 6
+BF16_TOL, BF16_REL = 2 * LR * STEPS, 5e-2
+
+warnings.filterwarnings("ignore")
+transformers.logging.set_verbosity_error()
+
+
+def make_model():
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=64, n_positions=SEQ,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self):
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, 64, (SAMPLES, SEQ), generator=g)
+
+    def __len__(self):
+        return SAMPLES
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class Bytes(TrainerCallback):
+    def __init__(self):
+        self.windows = C.Windows()
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.windows.start()
+
+    def on_substep_end(self, args, state, control, **kw):
+        self.windows.micro()
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):
+        self.windows.micro()
+        self.windows.step()
+
+
+def train(cls, out, **kw):
+    counter = Bytes()
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=BATCH,
+                             gradient_accumulation_steps=N, num_train_epochs=EPOCHS,
+                             learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+                             weight_decay=0.0, max_grad_norm=CLIP, optim="adamw_torch",
+                             logging_strategy="no", save_strategy="no", report_to="none",
+                             disable_tqdm=True, use_cpu=True, seed=0,
+                             dataloader_num_workers=0)
+    trainer = cls(model=make_model(), args=args, train_dataset=Data(), callbacks=[counter],
+                  **kw)
+    trainer.train()
+    return trainer, counter.windows
+
+
+def main():
+    checks = C.Checks()
+    out = tempfile.mkdtemp(prefix="sfsync-hf-")
+    trainer, ref_windows = train(Trainer, out)
+    checks.that(isinstance(trainer.model_wrapped, torch.nn.parallel.DistributedDataParallel),
+                "reference: the Trainer wrapped the model in DDP")
+    ref = C.flat(trainer.model)
+    gbytes = C.grad_bytes(trainer.model)
+    cases = [("sfsync", dict(verify_every=1), 1e-6, (0.95, 1.10)),
+             ("sharded", dict(shard_optimizer=True, verify_every=2), 1e-6, (0.95, 1.10)),
+             ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), BF16_TOL,
+              (0.45, 0.60))]
+    for name, options, tol, ratio in C.selected(cases):
+        trainer, windows = train(SfsyncTrainer, out, sync_options=options)
+        sync = trainer.sync
+        opt = sync_optimizer(sync)
+        if opt is not None:
+            opt.wait_parameters()
+        stats = sync.stats()
+        bf16 = "wire_dtype" in options
+        C.report(checks, name, C.flat(trainer.model), ref, windows, ref_windows, gbytes, tol,
+                 ratio, skip_first=True, init=C.flat(make_model()) if bf16 else None,
+                 rel_tol=BF16_REL if bf16 else None)
+        checks.that(sync.windows == len(ref_windows.lengths),
+                    "%s: %d sfsync windows (DDP steps %d), optimizer %s" % (
+                        name, sync.windows, len(ref_windows.lengths),
+                        type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__))
+        C.say("%s: plugin stats windows_completed %d, collectives %d, reduce_scatters %d, "
+              "bytes_reduced %d" % (name, stats["windows_completed"],
+                                    stats["collectives_issued"], stats["reduce_scatters"],
+                                    stats["bytes_reduced"]))
+        if options.get("shard_optimizer"):
+            checks.that(opt is not None and trainer.optimizer.optimizer is opt and
+                        stats["reduce_scatters"] > 0,
+                        "%s: the Trainer steps sfsync's sharded optimizer" % name)
+        sync.close()
+    checks.finish("test_transformers")
+
+
+if __name__ == "__main__":
+    main()
