@@ -14,7 +14,10 @@ makes the optimizer the Trainer builds (``args.optim``, or
 ``optimizer_cls_and_kwargs``) sfsync's sharded optimizer of the same class
 and parameter groups; ``wire_dtype=sfsync.DTYPE_BFLOAT16`` (or
 ``SF_WIRE_DTYPE=bf16``) a 16-bit wire; verify_every, bucket_cap_mb, ...
-Mixing into a Trainer subclass of your own: ``class MyTrainer(SfsyncTrainerMixin,
+``sync_options=dict(keep_ddp=True, verify_every=K)`` keeps the Trainer's
+DDP instead and attaches sfsync to it (``sfsync.torch.attach``: sfsync's
+comm hook follows DDP's ``no_sync()``; verify_every; no sharding or 16-bit
+wire, which need GradientSync). Mixing into a Trainer subclass of your own: ``class MyTrainer(SfsyncTrainerMixin,
 YourTrainer)``. ``trainer.sync`` is the GradientSync.
 
 How it fits: the Trainer asks ``_wrap_model`` for the training model and,
@@ -28,7 +31,7 @@ clips by the global norm through ``SyncedModule.clip_grad_norm_`` (sfsync's
 optimizer's own when it has one).
 """
 
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 
 from sfsync.integrations._module import SyncedModule, rebuild_optimizer, sync_optimizer
 
@@ -44,9 +47,16 @@ class SfsyncTrainerMixin:
         if "accumulation_steps" in options:
             raise TypeError("SfsyncTrainer: accumulation_steps is the Trainer's "
                             "(TrainingArguments(gradient_accumulation_steps=N))")
+        self._keep_ddp = bool(options.pop("keep_ddp", False))
+        if self._keep_ddp and set(options) - {"verify_every", "verify_buffers"}:
+            raise ValueError("SfsyncTrainer(keep_ddp=True) attaches to the Trainer's DDP, which "
+                             "takes verify_every and verify_buffers only, not %s"
+                             % sorted(set(options) - {"verify_every", "verify_buffers"}))
         self._sync_options = options
         self.sync = None
         super().__init__(*args, **kwargs)
+        if self._keep_ddp:
+            self.add_callback(_AttachAtTrainBegin(self))
 
     def _sfsync(self):
         if self.sync is None or self.sync.context is None:
@@ -54,6 +64,17 @@ class SfsyncTrainerMixin:
             self.model.train()
             self.sync = GradientSync(self.model, **self._sync_options)
         return self.sync
+
+    def _attach_ddp(self):
+        """keep_ddp: sfsync's comm hook on the DDP the Trainer's Accelerator made."""
+        import torch
+        from sfsync.torch import attach
+        ddp = self.model_wrapped
+        if self.sync is not None and self.sync.context is not None and self.sync.ddp is ddp:
+            return
+        if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+            return  # one process: nothing to synchronize
+        self.sync = attach(ddp, **self._sync_options)
 
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
@@ -63,7 +84,7 @@ class SfsyncTrainerMixin:
         return optimizer
 
     def _wrap_model(self, model, training=True, dataloader=None):
-        if not training:
+        if not training or self._keep_ddp:
             return super()._wrap_model(model, training, dataloader)
         if isinstance(model, SyncedModule) and model.sync.context is not None:
             return model
@@ -79,6 +100,19 @@ class SfsyncTrainerMixin:
         if grad_norm is None and isinstance(model, SyncedModule):
             grad_norm = model.clip_grad_norm_(float("inf"))
         return super()._get_grad_norm(model, grad_norm=grad_norm)
+
+
+class _AttachAtTrainBegin(TrainerCallback):
+    """keep_ddp: the DDP exists from train()'s start (model_wrapped)."""
+
+    def __init__(self, trainer):
+        import weakref
+        self._trainer = weakref.ref(trainer)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer = self._trainer()
+        if trainer is not None:
+            trainer._attach_ddp()
 
 
 class SfsyncTrainer(SfsyncTrainerMixin, Trainer):

@@ -9,6 +9,8 @@ torchrun launch, several trainings of a tiny GPT-2 built from a config:
               the Trainer's AdamW (optim="adamw_torch") rebuilt sharded, the
               clip through its global clip_grad_norm_
     bf16      SfsyncTrainer(sync_options=dict(wire_dtype=bf16))
+    attach    SfsyncTrainer(sync_options=dict(keep_ddp=True, verify_every=1)): the
+              Trainer's DDP kept, sfsync.torch.attach on it
 
 30 sequences, batch 2 per rank, N = 3, 2 epochs: 8 batches per rank and
 epoch (the last of 1), windows 3, 3, 2 (the Trainer's short last window),
@@ -106,14 +108,26 @@ def main():
     cases = [("sfsync", dict(verify_every=1), 1e-6, (0.95, 1.10)),
              ("sharded", dict(shard_optimizer=True, verify_every=2), 1e-6, (0.95, 1.10)),
              ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), BF16_TOL,
-              (0.45, 0.60))]
+              (0.45, 0.60)),
+             ("attach", dict(keep_ddp=True, verify_every=1), 1e-6, (0.95, 1.10))]
     for name, options, tol, ratio in C.selected(cases):
         trainer, windows = train(SfsyncTrainer, out, sync_options=options)
         sync = trainer.sync
+        if options.get("keep_ddp"):
+            checks.that(isinstance(trainer.model_wrapped,
+                                   torch.nn.parallel.DistributedDataParallel) and
+                        sync.ddp is trainer.model_wrapped,
+                        "%s: sfsync attached to the Trainer's DDP" % name)
         opt = sync_optimizer(sync)
         if opt is not None:
             opt.wait_parameters()
-        stats = sync.stats()
+        if options.get("keep_ddp"):  # DDPSync counts the buckets its hook saw
+            C.say("%s: comm hook buckets reduced %d, kept local %d" % (
+                name, sync.reduced_buckets, sync.deferred_buckets))
+            stats = dict(windows_completed=sync.windows, collectives_issued=-1,
+                         reduce_scatters=0, bytes_reduced=-1)
+        else:
+            stats = sync.stats()
         bf16 = "wire_dtype" in options
         C.report(checks, name, C.flat(trainer.model), ref, windows, ref_windows, gbytes, tol,
                  ratio, skip_first=True, init=C.flat(make_model()) if bf16 else None,
