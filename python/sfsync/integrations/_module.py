@@ -10,7 +10,17 @@ import inspect
 
 import torch
 
-__all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer"]
+__all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer", "split_options"]
+
+#: Options of sync.optimizer(...) (sfsync/optim.py) that a framework's
+#: integration takes with GradientSync's and passes to the optimizer it builds.
+OPTIMIZER_OPTIONS = ("overlap_step", "overlap_gather")
+
+
+def split_options(options):
+    """(GradientSync's keyword arguments, sync.optimizer's) from one dict."""
+    sync = dict(options)
+    return sync, {k: sync.pop(k) for k in OPTIMIZER_OPTIONS if k in sync}
 
 
 class SyncedModule(torch.nn.Module):
@@ -66,7 +76,7 @@ def synced(model):
     return None
 
 
-def rebuild_optimizer(sync, opt):
+def rebuild_optimizer(sync, opt, **optimizer_options):
     """``sync.optimizer`` of ``opt``'s class, parameter groups and
     constructor defaults, for a framework that built a plain one (before any
     step: its state is not carried over). torch's optimizers keep some
@@ -77,4 +87,4 @@ def rebuild_optimizer(sync, opt):
     defaults = {k: v for k, v in opt.defaults.items() if k in accepted}
     groups = [{k: v for k, v in g.items() if k == "params" or k in accepted}
               for g in opt.param_groups]
-    return sync.optimizer(cls, groups, **defaults)
+    return sync.optimizer(cls, groups, **optimizer_options, **defaults)

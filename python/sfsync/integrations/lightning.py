@@ -13,7 +13,11 @@ decides the windows, sfsync carries the gradients::
 the same class and parameter groups (its state 1/W per rank); with an LR
 scheduler, return ``self.trainer.strategy.optimizer(torch.optim.AdamW,
 self.parameters(), lr=...)`` from ``configure_optimizers`` instead, and build
-the scheduler on it. A 16-bit wire: ``SfsyncStrategy(wire_dtype=
+the scheduler on it. ``overlap_step=True`` (sync.optimizer's opt-in, also
+``overlap_gather``) is passed to that optimizer: each bucket's shard steps as
+its reduction lands and no gradient gather is sent (1x the bytes instead of
+1.5x at W = 2), but ``.grad`` is final only inside the clip and the step
+(callbacks that read it in between see partial values). A 16-bit wire: ``SfsyncStrategy(wire_dtype=
 sfsync.DTYPE_BFLOAT16)`` (or ``SF_WIRE_DTYPE=bf16``). Other keyword
 arguments go to ``sfsync.torch.GradientSync`` (bucket_cap_mb, ...), those of
 DDPStrategy's constructor (process_group_backend, timeout, ...) to it.
@@ -37,7 +41,8 @@ import inspect
 
 from lightning.pytorch.strategies import DDPStrategy
 
-from sfsync.integrations._module import SyncedModule, rebuild_optimizer, sync_optimizer
+from sfsync.integrations._module import (SyncedModule, rebuild_optimizer, split_options,
+                                         sync_optimizer)
 
 __all__ = ["SfsyncStrategy"]
 
@@ -56,7 +61,7 @@ class SfsyncStrategy(DDPStrategy):
                             "(Trainer(accumulate_grad_batches=N)): sfsync follows it")
         strategy = {k: options.pop(k) for k in list(options) if k in _STRATEGY_ARGS}
         super().__init__(**strategy)
-        self._sync_options = options
+        self._sync_options, self._optimizer_options = split_options(options)
         self.sync = None
 
     # -- the wrap
@@ -83,7 +88,8 @@ class SfsyncStrategy(DDPStrategy):
         if self.sync is None:
             raise RuntimeError("SfsyncStrategy.optimizer: no GradientSync yet (call it from "
                                "configure_optimizers, during fit)")
-        return self.sync.optimizer(optimizer_class, params, **defaults)
+        return self.sync.optimizer(optimizer_class, params,
+                                   **dict(self._optimizer_options, **defaults))
 
     def setup_optimizers(self, trainer):
         super().setup_optimizers(trainer)
@@ -103,7 +109,7 @@ class SfsyncStrategy(DDPStrategy):
                                    "self.trainer.strategy.optimizer(%s, params, ...) and build "
                                    "the scheduler on it" % (type(opt).__name__,
                                                              type(opt).__name__))
-            self.optimizers[i] = rebuild_optimizer(self.sync, opt)
+            self.optimizers[i] = rebuild_optimizer(self.sync, opt, **self._optimizer_options)
             mine = self.optimizers[i]
 
     def setup(self, trainer):

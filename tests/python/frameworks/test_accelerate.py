@@ -7,6 +7,8 @@ one torchrun launch:
     sfsync    prepare_model(verify_every=1), torch AdamW, clip_grad_norm_
     sharded   prepare_model(shard_optimizer=True, verify_every=2),
               model.sync.optimizer(AdamW), clip_grad_norm_ (global norm)
+    sharded-overlap  the same with sync.optimizer(..., overlap_step=True):
+              no gradient gather (the clip is the optimizer's own, global)
     bf16      prepare_model(wire_dtype=bf16), torch AdamW, clip_grad_norm_
 
 52 samples, batch 4 per rank, N = 3, 2 epochs: 7 batches per rank and
@@ -16,7 +18,8 @@ final weights vs DDP's (1e-6; bf16: AdamW steps of lr 1e-2 whose
 direction a 16-bit gradient can flip where it is tiny, so 2 lr steps = 0.12, and
 the update within 5 % of DDP's), ranks identical,
 every window's written bytes / gradient bytes in [0.95, 1.10] (bf16:
-[0.45, 0.60]), the windows DDP had.
+[0.45, 0.60]; sharded: see SHARDED, window 1 not judged), the windows DDP
+had.
 """
 
 import os
@@ -30,6 +33,7 @@ import _common as C  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
 import sfsync  # noqa: E402
+from sfsync.integrations._module import split_options  # noqa: E402
 from sfsync.integrations.accelerate import prepare_model  # noqa: E402
 
 N, BATCH, SAMPLES, EPOCHS, LR, CLIP = 3, 4, 52, 2, 1e-2, 0.5
@@ -39,6 +43,11 @@ N, BATCH, SAMPLES, EPOCHS, LR, CLIP = 3, 4, 52, 2, 1e-2, 0.5
 # must be within 5 % of DDP's.
 STEPS = 6
 BF16_TOL, BF16_REL = 2 * LR * STEPS, 5e-2
+# Sharded, W = 2: reduce-scatter 0.5x + the parameter all-gather 0.5x (sent
+# after the step: it counts in the next window, so window 1 is not judged)
+# + by default the gradient gather that makes .grad final at is_step()
+# (0.5x); overlap_step=True sends none (1x).
+SHARDED = (1.45, 1.60)
 
 
 def make_model():
@@ -89,14 +98,18 @@ def main():
     ref = C.flat(ddp.module)
 
     cases = [("sfsync", dict(verify_every=1), False, 1e-6, (0.95, 1.10)),
-             ("sharded", dict(shard_optimizer=True, verify_every=2), True, 1e-6, (0.95, 1.10)),
+             ("sharded", dict(shard_optimizer=True, verify_every=2), True, 1e-6, SHARDED),
+             ("sharded-overlap", dict(shard_optimizer=True, overlap_step=True), True, 1e-6,
+              (0.95, 1.10)),
              ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), False, BF16_TOL,
               (0.45, 0.60))]
     for name, options, sharded, tol, ratio in C.selected(cases):
-        model = prepare_model(accelerator, make_model(), **options)
+        sync_options, optimizer_options = split_options(options)
+        model = prepare_model(accelerator, make_model(), **sync_options)
         sync = model.sync
         if sharded:
-            opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=LR)
+            opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=LR,
+                                 **optimizer_options)
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=LR)
         opt, loader = accelerator.prepare(opt, make_loader())
@@ -107,7 +120,7 @@ def main():
         stats = sync.stats()
         bf16 = "wire_dtype" in options
         C.report(checks, name, C.flat(model.module), ref, windows, ref_windows, gbytes, tol,
-                 ratio, init=C.flat(make_model()) if bf16 else None,
+                 ratio, skip_first=sharded, init=C.flat(make_model()) if bf16 else None,
                  rel_tol=BF16_REL if bf16 else None)
         checks.that(all(agree), "%s: sync.is_step() == accelerator.sync_gradients on every "
                     "micro-batch" % name)

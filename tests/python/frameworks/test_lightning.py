@@ -8,6 +8,9 @@ one torchrun launch, several fits:
     sharded   SfsyncStrategy(shard_optimizer=True, verify_every=2): the
               AdamW of configure_optimizers rebuilt sharded; the clip goes
               to its global clip_grad_norm_
+    sharded-overlap  SfsyncStrategy(shard_optimizer=True, overlap_step=True): no
+              gradient gather (.grad final only inside the clip and step, so
+              the norms are not printed)
     bf16      SfsyncStrategy(wire_dtype=bf16)
 
 52 samples, batch 4, N = 3, 2 epochs: the DistributedSampler gives each
@@ -16,7 +19,7 @@ on the epoch's final batch), twice. AdamW lr 1e-2, gradient_clip_val 0.5
 (it clips: the norms are printed). Judged per case: final weights vs DDP's
 (1e-6; bf16: 2 lr steps = 0.12 and the update within 5 % of DDP's, see
 BF16_TOL), ranks identical, bytes written per window / gradient
-bytes in [0.95, 1.10] (bf16 [0.45, 0.60]) for every window but the first
+bytes in [0.95, 1.10] (bf16 [0.45, 0.60], sharded see SHARDED) for every window but the first
 (it also holds Lightning's setup collectives), the windows DDP had.
 """
 
@@ -42,6 +45,10 @@ N, BATCH, SAMPLES, EPOCHS, LR, CLIP = 3, 4, 52, 2, 1e-2, 0.5
 # must be within 5 % of DDP's.
 STEPS = 6
 BF16_TOL, BF16_REL = 2 * LR * STEPS, 5e-2
+# Sharded, W = 2: reduce-scatter 0.5x + the parameter all-gather 0.5x + by
+# default the gradient gather that makes .grad final at is_step() (0.5x);
+# overlap_step=True sends none (1x).
+SHARDED = (1.45, 1.60)
 
 warnings.filterwarnings("ignore")
 
@@ -54,6 +61,7 @@ class Net(lightning.LightningModule):
                                        torch.nn.Linear(256, 256), torch.nn.Tanh(),
                                        torch.nn.Linear(256, 8))
         self.norms = []
+        self.record_norms = True
 
     def forward(self, x):
         return self.net(x)
@@ -67,6 +75,8 @@ class Net(lightning.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None):
+        if not self.record_norms:  # overlap_step: .grad is final inside the clip only
+            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         self.norms.append(torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
@@ -94,8 +104,9 @@ def loader():
                                        batch_size=BATCH, shuffle=False)
 
 
-def fit(strategy):
+def fit(strategy, record_norms=True):
     model, counter = Net(), Bytes()
+    model.record_norms = record_norms
     trainer = lightning.Trainer(accelerator="cpu", devices=2, strategy=strategy,
                                 max_epochs=EPOCHS, accumulate_grad_batches=N,
                                 gradient_clip_val=CLIP, callbacks=[counter], logger=False,
@@ -113,7 +124,9 @@ def main():
     gbytes = C.grad_bytes(model)
     C.say("ddp: clip norms %s" % " ".join("%.3f" % n for n in model.norms))
     cases = [("sfsync", dict(verify_every=1), 1e-6, (0.95, 1.10)),
-             ("sharded", dict(shard_optimizer=True, verify_every=2), 1e-6, (0.95, 1.10)),
+             ("sharded", dict(shard_optimizer=True, verify_every=2), 1e-6, SHARDED),
+             ("sharded-overlap", dict(shard_optimizer=True, overlap_step=True), 1e-6,
+              (0.95, 1.10)),
              ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), BF16_TOL,
               (0.45, 0.60))]
     for name, options, tol, ratio in C.selected(cases):
@@ -128,7 +141,7 @@ def main():
                             optimizer=type(strategy.optimizers[0]).__name__)
             original()
         strategy.teardown = teardown
-        model, windows, trainer = fit(strategy)
+        model, windows, trainer = fit(strategy, record_norms="overlap_step" not in options)
         C.say("%s: clip norms %s" % (name, " ".join("%.3f" % n for n in model.norms)))
         bf16 = "wire_dtype" in options
         C.report(checks, name, C.flat(model), ref, windows, ref_windows, gbytes, tol, ratio,
