@@ -22,7 +22,8 @@ TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "restart_trai
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--python", default=sys.executable,
+                   help="runs torchrun and the workers (default: this interpreter)")
     p.add_argument("--env", action="append", default=[], help="K=V for torchrun and the workers")
     p.add_argument("--timeout", type=float, default=150)
     p.add_argument("trainer", nargs=argparse.REMAINDER)

@@ -1,12 +1,15 @@
 """Runs torchrun_trainer.py under torchrun (2 processes) the way a user
 does, on a free port, and passes if every rank printed its OK line.
 
-    run_torchrun.py [--shim LIB] [--env K=V ...] -- TRAINER ARGS...
+    run_torchrun.py [--python PY] [--shim LIB] [--env K=V ...] -- TRAINER ARGS...
 
-Debian's torch 1.13 on Python 3.11 needs --redirects 2 --tee 2 (TOOLCHAIN.md);
-the workers print their results to stderr, which --tee 2 shows here.
+torchrun is `PY -m torch.distributed.run`, PY this script's own interpreter
+unless given (ctest starts it with each torch's python). Debian's torch 1.13
+on Python 3.11 needs --redirects 2 --tee 2 (TOOLCHAIN.md); torch 2.x accepts
+the same flags (2.15 checked); the workers print their results to stderr,
+which --tee 2 shows here.
 --shim LIB preloads LIB into the workers only (torchrun --no_python runs
-`env LD_PRELOAD=LIB python3 TRAINER`): the launcher itself stays clean.
+`env LD_PRELOAD=LIB PY TRAINER`): the launcher itself stays clean.
 """
 
 import argparse
@@ -49,7 +52,8 @@ def run_logged(cmd, env, timeout):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--python", default=sys.executable,
+                   help="runs torchrun and the workers (default: this interpreter)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--shim", help="LD_PRELOAD this library into the workers")
     p.add_argument("--env", action="append", default=[], help="K=V for the workers")

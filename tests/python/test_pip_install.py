@@ -11,7 +11,13 @@ the package), then a torchrun restart run from the installed package:
 3. ``python3 -m build --wheel --no-isolation COPY``: one py3-none-<platform>
    wheel holding the same libraries;
 4. a fresh ``python3 -m venv --system-site-packages V``; ``pip --python
-   V/bin/python install`` the wheel; the package loads its own library from V;
+   V/bin/python install`` the wheel; the package loads its own library from V
+   and V's torch is this interpreter's. Started from a venv's python (the
+   torch 2.x suites: scripts/torch2-venv.sh), V is made without
+   --system-site-packages and sees that venv's site-packages through a .pth
+   file: --system-site-packages from a venv's python gives the *base*
+   interpreter's packages (Debian's torch 1.13), so the run would silently
+   test the wrong torch;
 5. run_restarts.py with V/bin/python (GradientSync through torchrun's agent
    store, two SIGKILLs, --max_restarts 2), with no PYTHONPATH and no
    SFSYNC_LIBRARY: every rank's OK line names V's library;
@@ -20,11 +26,16 @@ the package), then a torchrun restart run from the installed package:
 The pip build goes through ccache (setup.py), so a second run of this test
 (or one after a pip build of the same sources anywhere) recompiles nothing.
 
-    test_pip_install.py [--python /usr/bin/python3] [--keep DIR]
+    test_pip_install.py [--python PY] [--keep DIR]
+
+PY runs pip, the build and the venv; by default this script's interpreter
+(ctest starts it with each torch's python). A venv PY needs setuptools,
+wheel and build in it (scripts/torch2-venv.sh installs them).
 """
 
 import argparse
 import glob
+import json
 import os
 import re
 import shutil
@@ -75,6 +86,36 @@ def library_path(python, pythonpath=None):
     return r.stdout.strip() if r.returncode == 0 else "ERROR: " + r.stdout[-2000:]
 
 
+def python_facts(python):
+    """(sys.prefix != sys.base_prefix, its site-packages, torch's version and
+    file) of `python`, run in the user's environment."""
+    code = ("import json, site, sys\n"
+            "try:\n    import torch; t = [torch.__version__, torch.__file__]\n"
+            "except ImportError:\n    t = None\n"
+            "print(json.dumps([sys.prefix != sys.base_prefix, site.getsitepackages(), t]))")
+    r = subprocess.run([python, "-c", code], cwd="/", env=clean_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        raise SystemExit("FAILED: %s -c ...: %s" % (python, r.stdout[-2000:]))
+    return json.loads(r.stdout)
+
+
+def make_venv(python, venv):
+    """A venv V on `python` that sees `python`'s packages (the system's, or
+    a venv's own): see 4. in the module docstring. Returns run()'s result."""
+    in_venv, site_dirs, _ = python_facts(python)
+    if not in_venv:
+        return run([python, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    r = run([python, "-m", "venv", "--without-pip", venv])
+    if r.returncode == 0:
+        vsite = python_facts(os.path.join(venv, "bin", "python"))[1][0]
+        with open(os.path.join(vsite, "_sfsync_test_parent.pth"), "w") as f:
+            f.write("".join(d + "\n" for d in site_dirs if os.path.isdir(d)))
+        print("  (%s is a venv: V sees its site-packages %s through a .pth file)"
+              % (python, [d for d in site_dirs if os.path.isdir(d)]), flush=True)
+    return r
+
+
 def copy_checkout(dest):
     def ignore(directory, names):
         top = os.path.abspath(directory) == ROOT
@@ -85,7 +126,7 @@ def copy_checkout(dest):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--python", default=sys.executable)
     p.add_argument("--keep", help="work in DIR and keep it (default: a temporary directory)")
     args = p.parse_args()
     work = args.keep or tempfile.mkdtemp(prefix="sfsync-pip-")
@@ -147,11 +188,14 @@ def body(python, work):
     # 4. a fresh venv
     # (--without-pip: ensurepip would take ~10 s; this pip installs into the
     # venv's interpreter with --python.)
-    r = run([python, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    r = make_venv(python, venv)
     vpy = os.path.join(venv, "bin", "python")
     vpip = [python, "-m", "pip", "--python", vpy]
-    if not check(r.returncode == 0, "python3 -m venv --system-site-packages"):
+    if not check(r.returncode == 0, "a venv on %s that sees its packages" % python):
         return 1
+    torch_here, torch_there = python_facts(python)[2], python_facts(vpy)[2]
+    check(torch_here is not None and torch_there == torch_here,
+          "the venv's torch is %s's: %s (the venv: %s)" % (python, torch_here, torch_there))
     r = run(vpip + ["install", "--no-deps", "--no-index", wheel])
     check(r.returncode == 0, "the wheel installs into the venv")
     path = library_path(vpy)
