@@ -4,7 +4,10 @@ directory holding python/ and samples/ of this checkout and build/ (links to
 the build tree BUILD), with no PYTHONPATH or SFSYNC_LIBRARY from the caller.
 Exits with the command's status.
 
-    run_docstring.py --build BUILD SAMPLE.py
+    run_docstring.py --build BUILD [--python PY] SAMPLE.py
+
+--python PY stands for the command's /usr/bin/python3 (the torch 2.x run
+of the sample: the reader's own interpreter); the command must name it.
 """
 
 import argparse
@@ -36,9 +39,16 @@ def docstring_command(path):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", required=True, help="the CMake build tree (stands for build/)")
+    p.add_argument("--python", help="the interpreter the command's /usr/bin/python3 stands for")
     p.add_argument("sample")
     args = p.parse_args()
     command = docstring_command(args.sample)
+    if args.python and args.python != "/usr/bin/python3":
+        words = command.split(" ")
+        if "/usr/bin/python3" not in words:
+            sys.exit("run_docstring.py: %s: the command names no /usr/bin/python3 for --python: %s"
+                     % (args.sample, command))
+        command = " ".join(args.python if w == "/usr/bin/python3" else w for w in words)
     scratch = tempfile.mkdtemp(prefix="sfsync-docstring-")
     try:
         for name in ("python", "samples"):
