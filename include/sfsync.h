@@ -393,9 +393,10 @@ typedef struct sf_stats {
   /* Since 0.3 (sharded windows; 0 in an unsharded context): */
   int64_t reduce_scatters;     /* bucket reduce-scatters issued (also counted in
                                   collectives_issued and bytes_reduced) */
-  int64_t all_gathers;         /* parameter bucket all-gathers issued (NOT in
-                                  collectives_issued) */
-  int64_t bytes_gathered;      /* parameter bytes those all-gathers carried (the
+  int64_t all_gathers;         /* parameter bucket all-gathers issued, and since
+                                  0.4 gradient ones (sf_gather_gradients; NOT
+                                  in collectives_issued) */
+  int64_t bytes_gathered;      /* bytes those all-gathers carried (the
                                   buckets' sizes, padding excluded) */
 } sf_stats;
 
@@ -801,6 +802,35 @@ SF_API sf_status sf_wait_gather(sf_context* ctx, int64_t bucket);
 /** Blocking: start every gather not yet started (forward order) and wait for
  *  all. Errors as sf_start_gather's. Since 0.3. */
 SF_API sf_status sf_gather_parameters(sf_context* ctx);
+/**
+ * Collective, blocking: make the whole reduced gradients final on every
+ * rank after a sharded window. After sf_synchronize (or once sf_wait_bucket
+ * returned for every bucket) a rank's gradients hold the reduced values only
+ * in its own range (sf_shard_range); this all-gathers every bucket's reduced
+ * segments, one all-gather per bucket in bucket order (bucket 0 first) on
+ * every rank, so that every rank's gradients (views into the flat buffer, or
+ * the host's registered buffers, copied back) hold the whole averaged
+ * (summed / prescaled, as configured) gradient, bitwise equal on every
+ * rank: what a host's gradient-norm clipping, loss-scale unscaling or
+ * logging over all gradients reads. Each rank sends its own range as it
+ * holds it at this call; gradients of unused parameters are gathered like
+ * any other (what was reduced). Bounded by timeout_ms; a failure fails the
+ * context, as a synchronization's does.
+ * Order: every rank calls it in the same window, before any sf_start_gather
+ * or sf_gather_parameters of that window (gradient and parameter gathers
+ * are one sequence of all-gathers, matched by issue order): synchronize,
+ * sf_gather_gradients, step, gather the parameters.
+ * Unsharded context or world size 1: SF_OK and no collective (the gradients
+ * are whole already); a second call in the same window: SF_OK and no
+ * collective. SF_ERR_INVALID_STATE, in every layout, with a message naming
+ * the state: inside a window; before the window's reductions are complete
+ * (no synchronization yet, or a bucket not started or still reducing: the
+ * message names it); after the next window began (sf_begin_accumulation,
+ * sf_grad_ready or sf_synchronize_start since the synchronization); after a
+ * parameter gather of the window started. Counted in sf_stats.all_gathers
+ * and bytes_gathered. Since 0.4.
+ */
+SF_API sf_status sf_gather_gradients(sf_context* ctx);
 
 /**
  * Collective: replace `count` float64 values at `values` (host memory) by

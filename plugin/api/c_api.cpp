@@ -413,6 +413,10 @@ sf_status sf_gather_parameters(sf_context* ctx) {
   return guard("sf_gather_parameters", [&] { checked(ctx).gatherParameters(); });
 }
 
+sf_status sf_gather_gradients(sf_context* ctx) {
+  return guard("sf_gather_gradients", [&] { checked(ctx).gatherGradients(); });
+}
+
 sf_status sf_allreduce_float64(sf_context* ctx, double* values, int64_t count) {
   return guard("sf_allreduce_float64", [&] { checked(ctx).allreduceFloat64(values, count); });
 }

@@ -559,6 +559,15 @@ void Context::gatherParameters() {
   reducer_.waitGather(-1);
 }
 
+void Context::gatherGradients() {
+  if (inWindow_.load(std::memory_order_acquire)) {
+    fail(SF_ERR_INVALID_STATE,
+         "sf_gather_gradients inside an accumulation window: the window's gradients are not "
+         "reduced yet (call sf_end_accumulation, then sf_synchronize, then sf_gather_gradients)");
+  }
+  reducer_.gatherGradients();
+}
+
 void Context::allreduceFloat64(double* values, int64_t count) {
   if (count < 0) fail(SF_ERR_INVALID_ARGUMENT, "count = " + std::to_string(count) + " is negative");
   if (!values && count > 0) {

@@ -144,6 +144,8 @@ class Context {
   void startGather(int64_t bucket);
   void waitGather(int64_t bucket);
   void gatherParameters();
+  // Since 0.4: sf_gather_gradients (SF_ERR_INVALID_STATE inside a window).
+  void gatherGradients();
   void allreduceFloat64(double* values, int64_t count);
 
  private:

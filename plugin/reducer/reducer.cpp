@@ -118,7 +118,7 @@ bool Reducer::quiesce() noexcept {
 bool Reducer::drainLocked() noexcept {
   bool ok = true;
   for (auto& b : buckets_) {
-    for (std::unique_ptr<Work>* w : {&b.work, &b.gather}) {
+    for (std::unique_ptr<Work>* w : {&b.work, &b.gather, &b.gradientGather}) {
       if (!*w) continue;
       try {
         (*w)->wait();
@@ -440,14 +440,15 @@ void Reducer::startReadyBuckets(bool early) {
   }
 }
 
-void Reducer::copyToStaging(const Bucket& b, const Gradient& g) {
+void Reducer::copyToStaging(const Bucket& b, const Gradient& g, ShardRange range) {
   // Run by run: a run never crosses a segment's end (its control slot).
   MemoryOps& memory = memoryFor(b.plan->device);
   const size_t esize = dtypeSize(g.dtype);
   const int64_t u = b.layout.shardElems;
-  for (int64_t done = 0; done < g.numel;) {
+  const int64_t end = range.count < 0 ? g.numel : range.offset + range.count;
+  for (int64_t done = range.offset; done < end;) {
     const int64_t l = g.offset + done;
-    const int64_t run = std::min(g.numel - done, u - l % u);
+    const int64_t run = std::min(end - done, u - l % u);
     memory.copy(b.storage + size_t(b.layout.physical(l)) * esize,
                 static_cast<const char*>(g.data) + size_t(done) * esize, size_t(run) * esize);
     done += run;
@@ -663,6 +664,8 @@ void Reducer::openPassLocked() {
   // window's (a wait or gather now refers to the new one).
   for (auto& b : buckets_) b.reduced = false;
   passOpen_ = true;
+  ++pass_;
+  reducedInPass_ = 0;
 }
 
 bool Reducer::beginPass() {
@@ -791,6 +794,7 @@ void Reducer::waitBucketLocked(Bucket& b) {
     }
   }
   b.reduced = true;
+  if (++reducedInPass_ == int64_t(buckets_.size())) completePass_ = pass_;
   if (trace_) trace_->instant(0, "finish", "\"bucket\":" + std::to_string(index));
 }
 
@@ -929,6 +933,107 @@ void Reducer::waitGather(int64_t bucket) {
                                    "'s gather was never started in this window (sf_start_gather)");
   }
   waitGatherLocked(b);
+}
+
+// ---- Since 0.4: whole gradients after a sharded window --------------------
+
+void Reducer::gatherGradients() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  throwIfFailed();
+  // The state first, alike in every mode, so that a host that calls at the
+  // wrong point learns it in an unsharded context too.
+  const char* const kAfter = " (call sf_synchronize, or sf_synchronize_start and sf_wait_bucket "
+                             "for every bucket, and then sf_gather_gradients)";
+  if (!built() || pass_ == 0) {
+    fail(SF_ERR_INVALID_STATE, std::string("sf_gather_gradients before synchronization: no "
+                                           "window's gradients have been reduced yet") + kAfter);
+  }
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    if (b.reduced) continue;
+    std::ostringstream m;
+    if (completePass_ > 0) {
+      // The last reduced window's gradients are no longer the ones in place.
+      m << "sf_gather_gradients after the next window began (sf_begin_accumulation, "
+           "sf_grad_ready or sf_synchronize_start since the last synchronization): bucket "
+        << i << (b.work ? " is reducing" : " is not reduced yet")
+        << " in the new window; gather a window's gradients between its synchronization and "
+           "the next window";
+    } else {
+      m << "sf_gather_gradients before the window's reductions are complete: bucket " << i
+        << (b.work ? " is still reducing (started, not waited for)"
+                   : "'s reduction has not started in this window")
+        << kAfter;
+    }
+    fail(SF_ERR_INVALID_STATE, m.str());
+  }
+  if (gradientsGatheredPass_ == completePass_) return;  // whole already: free
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (!buckets_[i].gatherStarted) continue;
+    // Gradient and parameter gathers are one sequence of all-gathers,
+    // matched by issue order: every rank must issue them in the same order.
+    fail(SF_ERR_INVALID_STATE,
+         "sf_gather_gradients after sf_start_gather (bucket " + std::to_string(i) +
+             "'s parameter gather started in this window): gather the gradients first, then "
+             "start the parameter gathers, in that order on every rank");
+  }
+  // Unsharded (every rank received everything) or one rank (its segment is
+  // the bucket): whole already, no collective.
+  if (!sharded() || opts_.world_size == 1) {
+    gradientsGatheredPass_ = completePass_;
+    return;
+  }
+  // One all-gather per bucket, in bucket order on every rank, over the
+  // storage the reduce-scatter used (segments of shardElems + control
+  // elements; only each segment's used elements are gradients: padding and
+  // the window-check slots are no gradient's). A staged bucket first takes
+  // this rank's own ranges as the host holds them now (as a zero-copy bucket
+  // reads them in place), and afterwards gives every gradient back whole.
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    try {
+      if (b.staged) {
+        for (int64_t id : b.plan->grads) {
+          const Gradient& g = grads_[size_t(id)];
+          const ShardRange r = ownedRange(b.layout, g.offset, g.numel, ownSegment(b));
+          if (r.count > 0) copyToStaging(b, g, r);
+        }
+      }
+      ReduceSpec spec;
+      spec.bucket = int64_t(i);
+      spec.trace = trace_;
+      spec.segmentUsed = b.layout.used;
+      b.gradientGather = backendFor_(b.plan->device)
+                             .startAllgather(b.storage, b.layout.segmentElems, b.plan->dtype, spec);
+    } catch (const Error& e) {
+      failWith(e.status(), e.what());  // drains the gathers already started
+    }
+    ++counters_.allGathers;
+    counters_.bytesGathered += b.plan->bytes;
+    if (trace_) {
+      trace_->instant(0, "gradient_gather", "\"bucket\":" + std::to_string(i) + ",\"bytes\":" +
+                                                std::to_string(b.plan->bytes));
+    }
+  }
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    try {
+      b.gradientGather->wait();
+      b.gradientGather.reset();
+      if (b.staged) {
+        for (int64_t id : b.plan->grads) {
+          Gradient& g = grads_[size_t(id)];
+          copyFromStaging(b, g, ShardRange{0, g.numel});
+        }
+      }
+    } catch (const Error& e) {
+      b.gradientGather.reset();
+      failWith(e.status(), e.what());
+    }
+  }
+  gradientsGatheredPass_ = completePass_;
+  SF_LOG(kTrace, "reducer", "gradients of window " << window_ << " gathered ("
+                                                   << buckets_.size() << " all-gathers)");
 }
 
 }  // namespace sfsync

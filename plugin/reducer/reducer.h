@@ -103,6 +103,13 @@ class Reducer {
   // Parameter gathers; bucket -1: all (forward order: the last bucket first).
   void startGather(int64_t bucket);
   void waitGather(int64_t bucket);
+  // ---- Since 0.4 ----------------------------------------------------------
+  // sf_gather_gradients: once every bucket's reduction of the current window
+  // is in place and before any parameter gather of it started, all-gather
+  // each bucket's gradient segments (bucket order, blocking) so that every
+  // rank holds the whole reduced gradients. Unsharded or world size 1: the
+  // same state checks, then nothing to do. A repeat in the same window is free.
+  void gatherGradients();
 
   // Wait for whatever is in flight, swallowing errors; false if the reducer
   // has failed (its peers may be gone). Never throws.
@@ -152,6 +159,7 @@ class Reducer {
     bool reduced = false;             // this window's reduction waited for and in place
     bool gatherStarted = false;       // this window's gather started
     std::unique_ptr<Work> gather;     // set while the gather is in flight
+    std::unique_ptr<Work> gradientGather;  // sf_gather_gradients, inside that call only
   };
 
   void buildLocked();                  // mutex_ held
@@ -164,7 +172,8 @@ class Reducer {
   void checkBucketIndex(int64_t bucket, const char* what) const;
   void requireSharded(const char* what) const;
   // Staging copies of one gradient, run by run around the control slots.
-  void copyToStaging(const Bucket& b, const Gradient& g);
+  // `range` (relative to the gradient; count -1: all of it) limits the copy.
+  void copyToStaging(const Bucket& b, const Gradient& g, ShardRange range = {0, -1});
   void copyFromStaging(const Bucket& b, Gradient& g, ShardRange range);
   void startReadyBuckets(bool early);  // mutex_ held
   // Opens the pass if needed and starts every bucket not yet started; mutex_ held.
@@ -210,6 +219,12 @@ class Reducer {
   mutable std::mutex mutex_;
   size_t nextToStart_ = 0;
   bool passOpen_ = false;  // a pass (window) started since the last synchronize
+  // Passes opened so far, the last one whose buckets were all reduced, and
+  // the last one whose gradients sf_gather_gradients made whole (0: none).
+  int64_t pass_ = 0;
+  int64_t reducedInPass_ = 0;  // buckets of pass_ reduced
+  int64_t completePass_ = 0;
+  int64_t gradientsGatheredPass_ = 0;
   ReducerCounters counters_;
   sf_status failedStatus_ = SF_OK;
   std::string failedMessage_;
