@@ -54,6 +54,26 @@ def die(rank, where):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def init_process_group(rank, world, attempt):
+    """dist.init_process_group("gloo"), its store scoped by attempt.
+
+    torch 1.13's env:// under torchrun wraps the agent store in
+    PrefixStore("/worker/attempt_<N>") itself. torch 2.x (2.15 checked) does
+    not ("a new TCPStore for every retry"), but torchrun's static rendezvous
+    (--master_addr/--master_port, as here) keeps one store across restarts:
+    attempt N's Gloo may then read a dead attempt's addresses and fail in
+    connectFullMesh ("Connection refused"; reproduced with plain torch, no
+    sfsync). Under 2.x the same prefix as 1.13's is given explicitly, so that
+    both torches run this trainer with the store sfsync meets through."""
+    if int(torch.__version__.split(".")[0]) < 2:
+        dist.init_process_group("gloo")
+        return
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=False)
+    dist.init_process_group("gloo", store=dist.PrefixStore("/worker/attempt_%d" % attempt, agent),
+                            rank=rank, world_size=world)
+
+
 def kill_in_rendezvous(rank, attempt):
     """Attempt 1, rank 1: SIGKILL right after this rank's claim reached the
     store (sfsync writes it through make_context's store callbacks)."""
@@ -146,7 +166,7 @@ def main():
     path = os.path.join(args.ckpt, "ckpt.pt")
     n = args.steps
     if args.dist:
-        dist.init_process_group("gloo")
+        init_process_group(rank, world, attempt)
     elif args.variant != "gradsync":
         p.error("--variant %s needs --dist (DDP needs a process group)" % args.variant)
     saved = torch.load(path) if os.path.exists(path) else None

@@ -22,6 +22,7 @@ be torch's single call as it is.
         /usr/bin/python3 tests/python/test_bucket_plan_vs_torch.py -v
 """
 
+import inspect
 import os
 import sys
 import unittest
@@ -76,6 +77,20 @@ MODELS = {"mlp": mlp, "conv_net": conv_net, "transformer_block": transformer_blo
 # (bucket_cap_mb, first_bucket_cap_mb): DDP's defaults, then caps that cut
 # these models into many buckets, and a first cap above the cap.
 CAPS = [(25, 1), (0.25, 0.05), (0.5, 0.125), (0.04, 0.01), (0.1, 0.3), (1, 0.001)]
+
+
+def ddp_caps(cap_mb, first_mb):
+    """DDP's keyword arguments for buckets of first_mb, then cap_mb each.
+    torch 1.13 (and 2.x before bucket_cap_mb_list) takes the first cap from
+    dist._DEFAULT_FIRST_BUCKET_BYTES (the caller sets it) whatever
+    bucket_cap_mb is; newer 2.x (2.15 checked) uses it only with the default
+    bucket_cap_mb=None and otherwise makes the first bucket as large as the
+    others: there, the per-bucket list [first, cap] (the last repeats) says
+    the same, for the first bucketing and the rebuild."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if "bucket_cap_mb_list" in inspect.signature(DDP.__init__).parameters:
+        return {"bucket_cap_mb_list": [first_mb, cap_mb]}
+    return {"bucket_cap_mb": cap_mb}
 
 
 def torch_plan(params, cap_mb, first_mb):
@@ -214,7 +229,7 @@ class BucketPlanVsTorch(unittest.TestCase):
                             model = MODELS[name]()
                             params = list(model.parameters())
                             dist._DEFAULT_FIRST_BUCKET_BYTES = int(first * MIB)
-                            ddp = DDP(model, bucket_cap_mb=cap)
+                            ddp = DDP(model, **ddp_caps(cap, first))
                             for _ in range(3):  # rebuilt in the forward after the first backward
                                 ddp(x()).float().sum().backward()
                             data = ddp._get_ddp_logging_data()
