@@ -49,12 +49,15 @@ class SyncedModule(torch.nn.Module):
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Clip by the global gradient norm (as FSDP's method of the same
-        name): through the GradientSync's optimizer when it has one (its
-        ``clip_grad_norm_`` is global in the sharded mode too), else
-        ``torch.nn.utils.clip_grad_norm_`` over the module's parameters.
-        Returns the norm before clipping."""
+        name); returns the norm before clipping. While every ``.grad`` is
+        final (GradientSync's rule), ``torch.nn.utils.clip_grad_norm_`` over
+        the module's parameters: DDP's result bit for bit. With an
+        ``overlap_step=True`` optimizer, whose gradients are final only
+        inside its own clip and step, that optimizer's ``clip_grad_norm_``
+        (global also when sharded; the norm accumulated in float64 from the
+        shards, so it can differ from torch's float32 one in the last bits)."""
         opt = sync_optimizer(self.sync)
-        if opt is not None:
+        if opt is not None and getattr(opt, "overlap_step", False):
             return opt.clip_grad_norm_(max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)
 

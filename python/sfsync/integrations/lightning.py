@@ -31,9 +31,9 @@ strategy's ``model`` is a ``SyncedModule`` over it, and
 ``block_backward_sync()`` is ``sync.no_sync()``. The pass after the window
 (also the epoch's short last window, on which Lightning steps) synchronizes
 inside its ``backward()``, before ``on_before_optimizer_step`` and the
-clipping. ``gradient_clip_val`` (norm) of sfsync's optimizer goes to its
-``clip_grad_norm_`` (global, also sharded); of any other optimizer to
-torch's over final gradients.
+clipping. ``gradient_clip_val`` (norm) clips by the global norm over the
+model's final gradients (``SyncedModule.clip_grad_norm_``; Lightning's own
+would clip a sharded optimizer's shards by their local norm).
 """
 
 import contextlib
@@ -131,7 +131,9 @@ class SfsyncStrategy(DDPStrategy):
 
 
 def _route_clip(strategy):
-    """gradient_clip_val (norm) of sfsync's optimizer -> its clip_grad_norm_."""
+    """gradient_clip_val (norm) of sfsync's optimizer -> SyncedModule's
+    clip_grad_norm_: Lightning's own clips the optimizer's parameters, which
+    in a sharded context are this rank's shards (a local norm)."""
     plugin = strategy.precision_plugin
     if "clip_grad_by_norm" in plugin.__dict__:
         return
@@ -139,8 +141,8 @@ def _route_clip(strategy):
 
     def clip_grad_by_norm(optimizer, clip_val):
         mine = sync_optimizer(strategy.sync) if strategy.sync is not None else None
-        if mine is not None and optimizer is mine:
-            return mine.clip_grad_norm_(clip_val)
+        if mine is not None and optimizer is mine and isinstance(strategy.model, SyncedModule):
+            return strategy.model.clip_grad_norm_(clip_val)
         return original(optimizer, clip_val)
 
     plugin.clip_grad_by_norm = clip_grad_by_norm

@@ -49,6 +49,12 @@ BF16_TOL, BF16_REL = 2 * LR * STEPS, 5e-2
 # default the gradient gather that makes .grad final at is_step() (0.5x);
 # overlap_step=True sends none (1x).
 SHARDED = (1.45, 1.60)
+# overlap_step=True clips with the optimizer's own global norm, accumulated in
+# float64 from the shards: it differs from torch's float32 norm of the
+# per-tensor norms in the last bits (7e-8 relative seen), and AdamW carries
+# that into the weights (up to 1.4e-6 seen on the GPT-2); without clipping
+# the case is 0 off DDP.
+OVERLAP_TOL = 5e-6
 
 warnings.filterwarnings("ignore")
 
@@ -75,12 +81,12 @@ class Net(lightning.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None):
-        if not self.record_norms:  # overlap_step: .grad is final inside the clip only
-            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self.norms.append(torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
+        if self.record_norms:  # (overlap_step: .grad is final inside the clip only)
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            self.norms.append(torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.windows.step()  # after the clip: the gradients are final there in every mode
 
 
 class Bytes(lightning.Callback):
@@ -93,9 +99,6 @@ class Bytes(lightning.Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.windows.micro()
 
-    def on_before_optimizer_step(self, trainer, module, optimizer):
-        self.windows.step()
-
 
 def loader():
     g = torch.Generator().manual_seed(1)
@@ -107,6 +110,7 @@ def loader():
 def fit(strategy, record_norms=True):
     model, counter = Net(), Bytes()
     model.record_norms = record_norms
+    model.windows = counter.windows
     trainer = lightning.Trainer(accelerator="cpu", devices=2, strategy=strategy,
                                 max_epochs=EPOCHS, accumulate_grad_batches=N,
                                 gradient_clip_val=CLIP, callbacks=[counter], logger=False,
@@ -125,7 +129,7 @@ def main():
     C.say("ddp: clip norms %s" % " ".join("%.3f" % n for n in model.norms))
     cases = [("sfsync", dict(verify_every=1), 1e-6, (0.95, 1.10)),
              ("sharded", dict(shard_optimizer=True, verify_every=2), 1e-6, SHARDED),
-             ("sharded-overlap", dict(shard_optimizer=True, overlap_step=True), 1e-6,
+             ("sharded-overlap", dict(shard_optimizer=True, overlap_step=True), OVERLAP_TOL,
               (0.95, 1.10)),
              ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), BF16_TOL,
               (0.45, 0.60))]

@@ -41,13 +41,20 @@ import sfsync  # noqa: E402
 from sfsync.integrations._module import sync_optimizer  # noqa: E402
 from sfsync.integrations.transformers import SfsyncTrainer  # noqa: E402
 
-N, BATCH, SAMPLES, EPOCHS, LR, CLIP, SEQ = 3, 2, 30, 2, 1e-3, 0.5, 16
+# FW_CLIP=x sets max_grad_norm (0: no clipping: sharded-overlap is then 0 off DDP too)
+N, BATCH, SAMPLES, EPOCHS, LR, CLIP, SEQ = 3, 2, 30, 2, 1e-3, float(os.environ.get("FW_CLIP", 0.5)), 16
 STEPS = 6
 BF16_TOL, BF16_REL = 2 * LR * STEPS, 5e-2
 # Sharded, W = 2: reduce-scatter 0.5x + the parameter all-gather 0.5x + by
 # default the gradient gather that makes .grad final at is_step() (0.5x);
 # overlap_step=True sends none (1x).
 SHARDED = (1.45, 1.60)
+# overlap_step=True clips with the optimizer's own global norm, accumulated in
+# float64 from the shards: it differs from torch's float32 norm of the
+# per-tensor norms in the last bits (7e-8 relative seen), and AdamW carries
+# that into the weights (up to 1.4e-6 seen on the GPT-2); without clipping
+# the case is 0 off DDP.
+OVERLAP_TOL = 5e-6
 
 warnings.filterwarnings("ignore")
 transformers.logging.set_verbosity_error()
@@ -113,7 +120,7 @@ def main():
     gbytes = C.grad_bytes(trainer.model)
     cases = [("sfsync", dict(verify_every=1), 1e-6, (0.95, 1.10)),
              ("sharded", dict(shard_optimizer=True, verify_every=2), 1e-6, SHARDED),
-             ("sharded-overlap", dict(shard_optimizer=True, overlap_step=True), 1e-6,
+             ("sharded-overlap", dict(shard_optimizer=True, overlap_step=True), OVERLAP_TOL,
               (0.95, 1.10)),
              ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), BF16_TOL,
               (0.45, 0.60)),
