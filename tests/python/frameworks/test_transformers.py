@@ -42,7 +42,8 @@ from sfsync.integrations._module import sync_optimizer  # noqa: E402
 from sfsync.integrations.transformers import SfsyncTrainer  # noqa: E402
 
 # FW_CLIP=x sets max_grad_norm (0: no clipping: sharded-overlap is then 0 off DDP too)
-N, BATCH, SAMPLES, EPOCHS, LR, CLIP, SEQ = 3, 2, 30, 2, 1e-3, float(os.environ.get("FW_CLIP", 0.5)), 16
+N, BATCH, SAMPLES, EPOCHS, LR, SEQ = 3, 2, 30, 2, 1e-3, 16
+CLIP = float(os.environ.get("FW_CLIP", 0.5))
 STEPS = 6
 BF16_TOL, BF16_REL = 2 * LR * STEPS, 5e-2
 # Sharded, W = 2: reduce-scatter 0.5x + the parameter all-gather 0.5x + by
