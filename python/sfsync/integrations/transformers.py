@@ -85,8 +85,8 @@ class SfsyncTrainerMixin:
         optimizer = super().create_optimizer(model)
         if self._sync_options.get("shard_optimizer") and \
                 sync_optimizer(self._sfsync()) is not optimizer:
-            self.optimizer = optimizer = rebuild_optimizer(self.sync, optimizer,
-                                                                **self._optimizer_options)
+            optimizer = rebuild_optimizer(self.sync, optimizer, **self._optimizer_options)
+            self.optimizer = optimizer
         return optimizer
 
     def _wrap_model(self, model, training=True, dataloader=None):
