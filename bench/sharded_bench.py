@@ -11,10 +11,12 @@ model, data and N micro-batches per window):
 
   ddp_adamw         DDP, no_sync() around forward+backward of 1..N-1 (correct), full AdamW
   zero_ddp          the same DDP + torch's ZeroRedundancyOptimizer(AdamW)
-  sfsync_sharded    GradientSync(shard_optimizer=True, shard_layout="flat") + sync.optimizer(AdamW):
+  sfsync_sharded    GradientSync(shard_optimizer=True, shard_layout="flat") + sync.optimizer(AdamW,
+                    overlap_step=True):
                     one reduce-scatter per bucket, each bucket's shard stepped as soon as it
                     arrives, its all-gather started at once and waited by the next forward
-  sfsync_perbucket  GradientSync + sync.optimizer(AdamW) unsharded: each bucket stepped as
+  sfsync_perbucket  GradientSync + sync.optimizer(AdamW, overlap_step=True) unsharded: each
+                    bucket stepped as
                     soon as its all-reduce completes
   sfsync_adamw      GradientSync + a plain torch AdamW stepped after synchronize() (0.2)
 
@@ -92,7 +94,10 @@ class Runner:
             if variant == "sfsync_adamw":
                 self.opt = torch.optim.AdamW(self.model.parameters(), **kw)
             else:
-                self.opt = self.sync.optimizer(torch.optim.AdamW, self.model.parameters(), **kw)
+                # overlap_step: the per-bucket step these variants measure (the
+                # loop reads no .grad before opt.step(); sharded: 1x the bytes)
+                self.opt = self.sync.optimizer(torch.optim.AdamW, self.model.parameters(),
+                                               overlap_step=True, **kw)
         else:
             self.ddp = DDP(self.model, bucket_cap_mb=a.bucket_cap_mb)
             self.module = self.ddp

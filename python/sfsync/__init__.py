@@ -352,6 +352,8 @@ _PROTOTYPES = {
     "sf_wait_gather": (_STATUS, [_ContextPtr, _c.c_int64]),
     "sf_gather_parameters": (_STATUS, [_ContextPtr]),
     "sf_allreduce_float64": (_STATUS, [_ContextPtr, _c.POINTER(_c.c_double), _c.c_int64]),
+    # since 0.4
+    "sf_gather_gradients": (_STATUS, [_ContextPtr]),
 }
 #: Functions added in 0.2: a 0.1 library (same ABI version) lacks them; they
 #: then raise UnsupportedError when called instead of failing the load.
@@ -361,6 +363,8 @@ SINCE_0_2 = ("sf_log_level", "sf_log", "sf_store_init", "sf_set_store", "sf_conn
 SINCE_0_3 = ("sf_set_shard_layout", "sf_register_parameter", "sf_parameter_data",
              "sf_shard_range", "sf_gradient_bucket", "sf_synchronize_start", "sf_wait_bucket",
              "sf_start_gather", "sf_wait_gather", "sf_gather_parameters", "sf_allreduce_float64")
+#: Functions added in 0.4: missing from a 0.3 library, handled the same way.
+SINCE_0_4 = ("sf_gather_gradients",)
 #: The names of the bound functions (the ABI: tests compare with the header).
 FUNCTIONS = tuple(sorted(_PROTOTYPES))
 
@@ -435,7 +439,7 @@ def _bind(dll):
         try:
             fn = getattr(dll, name)
         except AttributeError:
-            if name in SINCE_0_2 or name in SINCE_0_3:
+            if name in SINCE_0_2 or name in SINCE_0_3 or name in SINCE_0_4:
                 setattr(dll, name, _Missing(name, dll._name))
                 continue
             raise LibraryLoadError("%s does not export %s: it is older than this binding (ABI %d)"

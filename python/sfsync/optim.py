@@ -4,14 +4,25 @@ completes, and, with ``GradientSync(shard_optimizer=True)``, on this rank's
 shard only (a distributed optimizer: sharded state, parameters gathered
 while the next forward runs).
 
-Unsharded (``shard_optimizer=False``): the window's last backward pass
-starts every bucket's all-reduce (sf_synchronize_start) and returns; inside
-``opt.step()`` each bucket is waited (sf_wait_bucket) and its parameters are
-stepped at once, so the step of bucket k overlaps the wire time of buckets
-k+1.. (DDP steps after the last bucket). A bucket holding a parameter this
-rank did not use in the window waits for the used-parameter mask (it rides
-in the last bucket), so a globally unused parameter keeps ``.grad = None``
-and is skipped, as with DDP.
+Gradients are final whenever user code can read them: the window's last
+backward pass starts every bucket's collective (sf_synchronize_start) and
+waits for all of them before it returns, so that when ``sync.is_step()``
+turns True every ``.grad`` holds the reduced gradient on every rank
+(torch's clip_grad_norm_, GradScaler.unscale_, logging, step hooks). In a
+sharded context the reduced shards are then all-gathered into ``.grad``
+(sf_gather_gradients: the price of final gradients, half an all-reduce).
+
+``overlap_step=True`` (opt-in): the window's last pass only starts the
+collectives; inside ``opt.step()`` each bucket is waited (sf_wait_bucket) and
+its parameters stepped at once, so the step of bucket k overlaps the wire
+time of buckets k+1.. (DDP steps after the last bucket). It forbids reading
+``.grad`` between the window's last backward and ``opt.step()``: the
+gradients are final only inside ``opt.step()`` / ``opt.clip_grad_norm_()``
+(or after ``opt.wait_gradients()``), and in a sharded context only this
+rank's range ever (no gradient gather: 1x the bytes). A bucket holding a
+parameter this rank did not use in the window waits for the used-parameter
+mask (it rides in the last bucket), so a globally unused parameter keeps
+``.grad = None`` and is skipped, as with DDP.
 
 Sharded (``shard_optimizer=True, shard_layout="flat" | "parameter"``): every
 parameter lives in the plugin's flat parameter buffer (``p.data`` is a view,
@@ -25,22 +36,19 @@ shards (one float32 copy of the shard, none of the whole parameter),
 written back rounded before the gather. After a bucket's shard stepped its
 all-gather starts (sf_start_gather); the next forward's pre-hooks (one per
 module holding parameters) wait for the buckets of that module's parameters
-(sf_wait_gather), so the gather overlaps the forward. A module whose
+(sf_wait_gather), so the gather overlaps the forward; every module's
+``state_dict()`` and ``named_parameters()`` / ``parameters()`` wait for the
+gathers in flight (a checkpoint, evaluation code). A module whose
 forward reads a parameter of another module that is not called (a parent
 using ``self.child.weight`` in its own forward) needs
 ``sync.optimizer(..., overlap_gather=False)``: then every gather is waited when
-the model's forward starts. Read parameters outside a forward (evaluation
-code that reads ``p`` directly, saving) after ``opt.wait_parameters()``.
+the model's forward starts. A direct attribute read (``model.fc.weight``)
+outside a forward needs ``opt.wait_parameters()`` first.
 The used-parameter mask is not a gradient there (it would be sharded): it
 is summed with one sf_allreduce_float64 after the reduce-scatters, so
 with ``find_unused_parameters=True`` (GradientSync's default) the shards
 step after every bucket is reduced; pass
 ``find_unused_parameters=False`` for per-bucket steps.
-
-Gradients: in a sharded context only this rank's range of ``p.grad`` holds
-reduced values after synchronization; in both modes the gradients are final
-inside ``opt.step()`` / ``opt.clip_grad_norm_()`` (or after
-``opt.wait_gradients()``), not when ``sync.is_step()`` turns True.
 
 ``opt.clip_grad_norm_(max_norm)`` clips by the global norm exactly as
 ``torch.nn.utils.clip_grad_norm_`` over the full model would: unsharded it
@@ -92,7 +100,8 @@ class _Slot:
 class SyncOptimizer(torch.optim.Optimizer):
     """See the module docstring. Made by ``GradientSync.optimizer``."""
 
-    def __init__(self, sync, optimizer_class, params, overlap_gather=True, **defaults):
+    def __init__(self, sync, optimizer_class, params, overlap_gather=True, overlap_step=False,
+                 **defaults):
         if not (isinstance(optimizer_class, type) and
                 issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError("sync.optimizer: optimizer_class must be a torch.optim.Optimizer "
@@ -101,6 +110,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             raise RuntimeError("sync.optimizer: this GradientSync already has an optimizer")
         self._sync = weakref.proxy(sync)
         self._sharded = sync.shard_optimizer
+        self.overlap_step = bool(overlap_step)
         ctx = sync.context
         self._buckets = ctx.stats()["bucket_count"]
         index_of = {id(p): i for i, p in enumerate(sync.params)}
@@ -140,13 +150,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._unstepped = [s for s in self._slots if s.index not in seen]
         self.inner = optimizer_class(inner_groups, **defaults)
         self.defaults = self.inner.defaults
-        if hasattr(self, "_hook_for_profile"):
-            self._hook_for_profile()
-        self._warned_capturable_if_run_uncaptured = True
-        for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):
-            if hasattr(torch.optim.Optimizer, "register_step_pre_hook"):
-                import collections
-                setattr(self, name, collections.OrderedDict())
+        self._torch_optimizer_attributes()
         self._phase = "idle"     # "reducing": started, not waited; "synchronized": waited
         self._waited = set()     # buckets waited this window
         self._gathering = set()  # buckets whose gather is in flight
@@ -154,8 +158,29 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.local_used = None   # GradientSync's used mask at the window's last pass (unsharded)
         self.steps = 0
         self._hooks = []
+        self._patched = []       # modules whose named_parameters() waits for the gathers
         if self._sharded:
             self._install_gather_hooks(sync.module, overlap_gather)
+            self._install_read_waits(sync.module)
+
+    def _torch_optimizer_attributes(self):
+        """What torch.optim.Optimizer.__init__ would set besides the groups
+        and the state (those are the inner optimizer's, below): the hook
+        tables of this torch, and the step function wrapped so that step
+        pre/post hooks and the profiler see step() (1.13:
+        _hook_for_profile; 2.x: _patch_step_function)."""
+        import collections
+        for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+                     "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
+                     "_optimizer_load_state_dict_pre_hooks",
+                     "_optimizer_load_state_dict_post_hooks"):
+            setattr(self, name, collections.OrderedDict())
+        self._warned_capturable_if_run_uncaptured = True
+        self._zero_grad_profile_name = "Optimizer.zero_grad#%s.zero_grad" % type(self).__name__
+        patch = getattr(self, "_patch_step_function", None) or getattr(
+            self, "_hook_for_profile", None)
+        if patch is not None:
+            patch()
 
     # -- the inner optimizer's groups and state are this one's
 
@@ -214,21 +239,42 @@ class SyncOptimizer(torch.optim.Optimizer):
             if buckets:
                 self._hooks.append(m.register_forward_pre_hook(_gather_hook(me, buckets)))
 
+    def _install_read_waits(self, module):
+        """Reads of the parameters outside a forward wait for the gathers in
+        flight: every module's state_dict() (a checkpoint) and
+        named_parameters() / parameters() (saving, evaluation code, the
+        frameworks' own loops). Direct attribute reads (``model.fc.weight``)
+        cannot be seen: wait_parameters() first, or overlap_gather=False."""
+        me = weakref.ref(self)
+        for m in module.modules():
+            if hasattr(m, "register_state_dict_pre_hook"):
+                self._hooks.append(m.register_state_dict_pre_hook(_read_pre_hook(me)))
+            else:  # torch 1.13: a post hook; the dict holds views of the parameters
+                self._hooks.append(m._register_state_dict_hook(_read_post_hook(me)))
+            m.__dict__["named_parameters"] = _waiting_named_parameters(me, m)
+            self._patched.append(m)
+
     def _detach(self):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for m in self._patched:
+            m.__dict__.pop("named_parameters", None)
+        self._patched = []
 
     # -- called by GradientSync
 
     def _window_closed(self):
         """The window's last pass ended: start what is left of the bucket
-        collectives, wait for none."""
+        collectives; unless overlap_step, wait for all of them, so that
+        every .grad is final when is_step() turns True."""
         self._gathering.clear()  # the plugin waits for last window's gathers itself
         shard.synchronize_start(self._sync.context)
         self._phase = "reducing"
         self._waited = set()
         self._global_used = None
+        if not self.overlap_step:
+            self._synchronize(whole=True)
 
     def _window_starts(self):
         """A new window starts (forward at its start): a window that was
@@ -244,16 +290,25 @@ class SyncOptimizer(torch.optim.Optimizer):
             shard.wait_bucket(self._sync.context, b)
             self._waited.add(b)
 
-    def _synchronize(self):
+    def _synchronize(self, whole=False):
         """Wait for every bucket; the window check and count (sf_synchronize);
-        the used mask (sharded: one sf_allreduce_float64) and the buffers."""
+        the used mask (sharded: one sf_allreduce_float64) and the buffers.
+        ``whole`` (sharded): gather the reduced gradient shards too, so that
+        every rank's .grad holds the whole reduced gradient (user code may
+        read it), and give the shard tensors their gradients (GradScaler's
+        unscale_ reads the optimizer's own parameters)."""
         sync = self._sync
         sync.context.synchronize()
         self._waited = set(range(self._buckets))
         if self._sharded and sync._mask is not None:
             self.wait_parameters()
             shard.allreduce_float64(sync.context, sync._mask)
+        if self._sharded and whole:
+            shard.gather_gradients(sync.context)
         sync._after_synchronize()
+        if self._sharded:
+            for s in self._stepped:
+                s.tensor.grad = self._grad_of(s)
         self._phase = "synchronized"
 
     def wait_gradients(self):
@@ -292,6 +347,8 @@ class SyncOptimizer(torch.optim.Optimizer):
             return
         if self._sharded:
             for s in slots:
+                # The view into p.grad (float32), or a fresh float32 copy of
+                # it for a master shard (torch's clip may have scaled p.grad).
                 g = self._grad_of(s)
                 if g is not None and self._scale is not None:
                     g = g * self._scale if s.master else g.mul_(self._scale)
@@ -374,10 +431,13 @@ class SyncOptimizer(torch.optim.Optimizer):
         for b in deferred:
             self._step_bucket(b)
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none=None):
         """Zero the gradients (GradientSync.zero_grad: the flat buffer in
         place, or None with set_to_none=True, re-attached at the next
-        window); the shard tensors' gradients are dropped."""
+        window; the default is torch's own: True since torch 2.0); the shard
+        tensors' gradients are dropped."""
+        if set_to_none is None:
+            from sfsync.torch import SET_TO_NONE_DEFAULT as set_to_none
         self._sync.zero_grad(set_to_none=set_to_none)
         if self._sharded:
             for s in self._stepped:
@@ -550,6 +610,33 @@ class SyncOptimizer(torch.optim.Optimizer):
             groups.append(dict(g, params=list(range(start, start + len(slots)))))
             start += len(slots)
         return {"state": state, "param_groups": groups}
+
+
+def _read_pre_hook(me):
+    def hook(module, prefix, keep_vars):
+        opt = me()
+        if opt is not None:
+            opt.wait_parameters()
+    return hook
+
+
+def _read_post_hook(me):
+    def hook(module, state_dict, prefix, local_metadata):
+        opt = me()
+        if opt is not None:
+            opt.wait_parameters()
+    return hook
+
+
+def _waiting_named_parameters(me, module):
+    method = type(module).named_parameters
+
+    def named_parameters(*args, **kwargs):
+        opt = me()
+        if opt is not None:
+            opt.wait_parameters()
+        return method(module, *args, **kwargs)
+    return named_parameters
 
 
 def _gather_hook(me, buckets):

@@ -13,7 +13,7 @@ import sfsync
 
 __all__ = ["LAYOUTS", "layout_value", "set_layout", "register_parameter", "parameter_data",
            "shard_range", "gradient_bucket", "synchronize_start", "wait_bucket", "start_gather",
-           "wait_gather", "gather_parameters", "allreduce_float64", "stats"]
+           "wait_gather", "gather_parameters", "gather_gradients", "allreduce_float64", "stats"]
 
 #: shard_layout names (GradientSync's argument, env SF_SHARD) -> sf_shard_layout.
 LAYOUTS = {"none": 0, "flat": 1, "parameter": 2}
@@ -31,6 +31,7 @@ _ARGTYPES = {
     "sf_start_gather": [_P, _c.c_int64],
     "sf_wait_gather": [_P, _c.c_int64],
     "sf_gather_parameters": [_P],
+    "sf_gather_gradients": [_P],
     "sf_allreduce_float64": [_P, _c.POINTER(_c.c_double), _c.c_int64],
 }
 _bound = {}
@@ -119,6 +120,12 @@ def wait_gather(ctx, bucket=-1):
 
 def gather_parameters(ctx):
     _fn("sf_gather_parameters")(_h(ctx))
+
+
+def gather_gradients(ctx):
+    """Since 0.4: after a sharded window's synchronization, every rank's
+    gradients hold the whole reduced gradient (one all-gather per bucket)."""
+    _fn("sf_gather_gradients")(_h(ctx))
 
 
 def allreduce_float64(ctx, tensor):

@@ -48,8 +48,10 @@ as DDP does.
 Logging goes through sfsync's logger (``SF_DEBUG=INFO`` shows each attach).
 """
 
+import contextlib
 import ctypes
 import datetime
+import inspect
 import itertools
 import os
 import threading
@@ -60,6 +62,7 @@ import torch
 
 import sfsync
 from sfsync import shard
+from sfsync.host_window import HostWindow
 
 __all__ = ["GradientSync", "DDPSync", "attach", "ReplicaCheck", "ReplicaMismatchError",
            "make_context", "sf_dtype"]
@@ -124,15 +127,83 @@ def _check_counts(who, accumulation_steps, verify_every):
                              % (who, name, value))
 
 
-def _enter_pass_window(context, passes, n):
-    """Counting mode: the window state the next pass needs (passes 1..N-1 of
-    a step inside a window, pass N outside, so that it synchronizes)."""
-    inside = context.in_accumulation()
-    if passes < n - 1:
-        if not inside:
+def _set_window(context, local):
+    """The context's window state for a pass that stays local (inside a
+    window) or synchronizes (outside)."""
+    if context.in_accumulation() != local:
+        if local:
             context.begin_accumulation()
-    elif inside:
-        context.end_accumulation()
+        else:
+            context.end_accumulation()
+
+
+#: torch's own default for zero_grad(set_to_none=...): False in 1.13, True since 2.0.
+SET_TO_NONE_DEFAULT = inspect.signature(torch.optim.Optimizer.zero_grad).parameters[
+    "set_to_none"].default
+
+
+class _WindowFace:
+    """What GradientSync and DDPSync share: the HostWindow (which pass stays
+    local), the host's no_sync() flag, and the window numbers read through
+    the face (windows, accumulation_steps, is_step)."""
+
+    _window = None
+    _host_inside = False
+
+    @property
+    def accumulation_steps(self):
+        return self._window.accumulation_steps
+
+    @property
+    def windows(self):
+        """Windows synchronized (= optimizer steps)."""
+        return self._window.windows
+
+    @windows.setter
+    def windows(self, value):
+        self._window.windows = value
+
+    @property
+    def _passes(self):
+        return self._window.passes
+
+    def is_step(self):
+        """True once the window's last backward pass has synchronized (every
+        .grad holds the reduced gradient on every rank), until the next
+        backward pass starts: the time to clip, unscale and step."""
+        return self._window.step_ready
+
+    def set_accumulation_steps(self, n):
+        """Windows of ``n`` backward passes from the next window on (now if
+        no pass of the current window has started), e.g. an epoch's shorter
+        last window. Every rank must call it at the same point."""
+        _check_counts("set_accumulation_steps", n, None)
+        if n is None or not self.accumulation_steps:
+            raise ValueError("set_accumulation_steps: %r (%s was made without "
+                             "accumulation_steps: its windows come from no_sync())"
+                             % (n, type(self).__name__))
+        self._window.set_accumulation_steps(n)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's ``no_sync()``: the forward and backward passes inside it
+        stay local (their gradients sum into .grad, nothing is sent); the
+        first backward pass outside synchronizes the window at its end.
+        Trainer frameworks call it (Accelerate's accumulate(), Lightning,
+        the HF Trainer); with ``accumulation_steps`` too, the host's windows
+        must agree with it in the first window (RuntimeError otherwise)."""
+        _verify_if_due(self)  # before the window's forwards move the buffers
+        outer = self._host_inside
+        self._host_inside = True
+        _set_window(self.context, True)
+        try:
+            yield self
+        finally:
+            self._host_inside = outer
+            if not outer and self.context is not None and self.context.in_accumulation():
+                self.context.end_accumulation()
+
+    accumulate = no_sync  # sfsync's own name for it
 
 
 def _torch_store_callbacks(store):
@@ -391,7 +462,7 @@ def _queue_callback(fn):
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
-class GradientSync:
+class GradientSync(_WindowFace):
     """Attaches an nn.Module's parameters to an sfsync context, in place of DDP.
 
     ``GradientSync(module, context=None, *, accumulation_steps=None,
@@ -399,10 +470,18 @@ class GradientSync:
     find_unused_parameters=True, verify_every=None, verify_buffers=False,
     store=None, bucket_cap_mb=None, first_bucket_cap_mb=None, **options)``
 
-    * ``accumulation_steps=N``: windows of N backward passes, opened and closed
-      here; the N-th pass synchronizes at its end (inside ``backward()``) and
-      ``is_step()`` turns True until the next pass. Without it, windows are
-      explicit: ``with sync.accumulate():`` then ``sync.synchronize()``.
+    * Windows, as DDP's: the passes inside ``with sync.no_sync():`` (forward
+      and backward) stay local; the first backward pass outside synchronizes
+      at its end (inside ``backward()``), and ``is_step()`` is True until the
+      next pass: every ``.grad`` then holds the reduced gradient on every
+      rank. ``sync(x)`` is the module's forward and ``sync.module`` the
+      module, so trainer frameworks drive it as they drive DDP. A host
+      without backward hooks (``hooks=False``) keeps every pass inside
+      ``no_sync()`` and calls ``sync.synchronize()``.
+    * ``accumulation_steps=N``: for loops with no ``no_sync()``: passes
+      1..N-1 of each window stay local, the N-th synchronizes. A host that
+      uses ``no_sync()`` anyway decides (see sfsync/host_window.py: the
+      first window must agree with N, else RuntimeError).
     * Loss scaling is the caller's: gradients are averaged over ranks and
       summed over the window's passes, so divide each micro-batch's loss by N
       to get DDP's ``no_sync()`` result.
@@ -425,9 +504,10 @@ class GradientSync:
 
     Each parameter's ``.grad`` is a view into the plugin's flat buffer
     (``flat_buffer=True``; CUDA parameters need ``flat_buffer=False``, their
-    own ``.grad`` registered). Grad-ready is reported from a post hook on each
-    parameter's AccumulateGrad node, so buckets are reduced while the backward
-    pass is still running.
+    own ``.grad`` registered). Grad-ready is reported from each parameter's
+    post-accumulate-grad hook (``Tensor.register_post_accumulate_grad_hook``,
+    torch >= 2.1; torch 1.13: a post hook on its AccumulateGrad node), so
+    buckets are reduced while the backward pass is still running.
     """
 
     def __init__(self, module, context=None, *, accumulation_steps=None, flat_buffer=True,
@@ -453,7 +533,7 @@ class GradientSync:
         self.shard_optimizer = bool(shard_optimizer)
         self.shard_layout = shard_layout if shard_optimizer else "none"
         self._optimizer = None  # sync.optimizer(...): steps per bucket (sfsync/optim.py)
-        self._next_accumulation = None
+        self._window = HostWindow("GradientSync", accumulation_steps)
         self.module = module
         self.params, self.names = self._trainable(module)
         if not self.params:
@@ -461,21 +541,18 @@ class GradientSync:
                              "(and has elements)")
         self._signature = self._signature_of(self.params)
         self.flat_buffer = flat_buffer
-        self.accumulation_steps = accumulation_steps
         self.broadcast_buffers = broadcast_buffers
         self._track_unused = bool(hooks and find_unused_parameters)
         self._owns_context = context is None
         self.context = context
+        self._hooks = bool(hooks)
         self._handles = []
         self._views = []   # per parameter: the tensor .grad must be
         self._ids = []
         self._mask = None  # the "used in this window" gradient (one float per parameter)
         self._mask_id = None
-        self._passes = 0   # backward passes finished in the current window
-        self._in_pass = False
+        self._in_pass = False  # a backward pass is running (its first gradient came)
         self._reported = None
-        self._step_ready = False
-        self.windows = 0   # windows synchronized (= optimizer steps)
         self._verify_every = verify_every
         self._verifier = None
         self._last_verified = 0
@@ -602,11 +679,15 @@ class GradientSync:
 
     def _install_hooks(self):
         me = weakref.ref(self)  # hooks must not keep an abandoned GradientSync alive
+        public = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")  # torch >= 2.1
         with torch.enable_grad():
             for i, p in enumerate(self.params):
-                # The AccumulateGrad node of p: its post hooks run after the
-                # new gradient has been added into p.grad. Kept here: the
-                # parameter itself holds it only weakly.
+                if public:  # runs after the new gradient was added into p.grad
+                    self._handles.append((None, p.register_post_accumulate_grad_hook(
+                        _post_accumulate_hook(me, i))))
+                    continue
+                # torch 1.13: a post hook on p's AccumulateGrad node (the
+                # same moment). Kept here: the parameter holds it weakly.
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 self._handles.append((acc, acc.register_hook(_grad_hook(me, i))))
         self._handles.append((None, self.module.register_forward_pre_hook(_forward_hook(me))))
@@ -627,10 +708,27 @@ class GradientSync:
                 p.grad = view
 
     def _window_start(self):
-        return self._passes == 0 and not self._in_pass
+        return self._window.at_boundary and not self._in_pass
 
-    def _enter_pass_window(self):
-        _enter_pass_window(self.context, self._passes, self.accumulation_steps)
+    def __call__(self, *args, **kwargs):
+        """The module's forward (DDP's face)."""
+        return self.module(*args, **kwargs)
+
+    forward = __call__
+
+    def __getattr__(self, name):
+        """DDP's face for duck-typing hosts: what GradientSync does not
+        define is the module's (parameters(), named_parameters(), train(),
+        eval(), to(), ...). state_dict() stays GradientSync's own (the window
+        count); the module's is sync.module.state_dict(), as DDP's
+        ddp.module.state_dict()."""
+        if name.startswith("_") or name in ("module", "context"):
+            raise AttributeError(name)  # (also while __init__ has not set them yet)
+        return getattr(self.module, name)
+
+    def _begin_pass(self):
+        """The pass's decision (local or synchronizing), applied to the context."""
+        _set_window(self.context, self._window.begin_pass(self._host_inside))
 
     def _forward(self):
         if not torch.is_grad_enabled() or self._in_pass:
@@ -639,8 +737,6 @@ class GradientSync:
                 self.windows - self._last_verified >= self._verify_every:
             self._optimizer.wait_parameters()  # the digest reads every parameter
         if self._window_start():
-            if self._next_accumulation is not None:
-                self.accumulation_steps, self._next_accumulation = self._next_accumulation, None
             if self._optimizer is not None:
                 self._optimizer._window_starts()
             self._attach_grads()
@@ -648,16 +744,13 @@ class GradientSync:
             # statistics: each rank's own batches), while every rank still
             # holds the buffers broadcast after the last window.
             _verify_if_due(self)
-        if self.accumulation_steps:
-            self._enter_pass_window()
+        self._begin_pass()
         _verify_if_due(self)
 
     def _start_pass(self):
         self._in_pass = True
-        self._step_ready = False
         self._reported = [False] * len(self.params)
-        if self.accumulation_steps:
-            self._enter_pass_window()
+        self._begin_pass()  # (decided at the forward already, unless it had no hook)
         me = weakref.ref(self)
         _queue_callback(lambda: _end_pass(me))
 
@@ -696,27 +789,10 @@ class GradientSync:
                 self._optimizer.local_used = self._mask.clone()
             if self._mask_id is not None:
                 self.context.grad_ready(self._mask_id)
-        self._passes += 1
-        if self.accumulation_steps and self._passes >= self.accumulation_steps:
+        if self._window.end_pass():
             self._synchronize()
 
     # -- per window
-
-    def accumulate(self):
-        """Explicit windows: context manager for the micro-batches whose
-        gradients stay local (forward AND backward inside it)."""
-        if self.accumulation_steps:
-            raise RuntimeError("GradientSync(accumulation_steps=%d) opens and closes windows "
-                               "itself: do not use accumulate()" % self.accumulation_steps)
-        _verify_if_due(self)  # before the window's forwards move the buffers
-        return self.context.accumulate()
-
-    no_sync = accumulate  # the name DDP users know
-
-    def is_step(self):
-        """True once the window's last backward pass has synchronized, until
-        the next backward pass starts: the time to call optimizer.step()."""
-        return self._step_ready
 
     def _check_layout(self):
         params, names = self._trainable(self.module)
@@ -744,10 +820,13 @@ class GradientSync:
                            "attached it: attach again")
 
     def synchronize(self):
-        """Explicit windows: reduce what the window accumulated (every rank
-        then holds the same averaged gradient); call before optimizer.step().
-        With accumulation_steps the last pass of each window does it."""
-        if self.accumulation_steps:
+        """Reduce what the window accumulated (every rank then holds the same
+        averaged gradient), for a host without backward hooks that kept every
+        pass inside ``no_sync()``. Nothing to do (and nothing is sent) when
+        the window's last backward pass synchronized it already."""
+        if self._window.step_ready and self._hooks:
+            return  # (without hooks no pass is seen: every call synchronizes)
+        if self.accumulation_steps and not self._window.host_signal:
             raise RuntimeError("GradientSync(accumulation_steps=%d) synchronizes at the end of "
                                "every %d-th backward pass itself: do not call synchronize(); "
                                "step when is_step() is True" % (self.accumulation_steps,
@@ -756,22 +835,23 @@ class GradientSync:
 
     def _synchronize(self):
         self._check_layout()
+        if not self._hooks:
+            # No pass was seen: a .grad that zero_grad(set_to_none=True) left
+            # None at the window's start is a fresh tensor autograd made (it
+            # holds the whole window), or still None (no gradient).
+            self._attach_grads()
         for p, view, name in zip(self.params, self._views, self.names):
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 raise RuntimeError(
                     "sfsync: %s.grad is no longer the buffer registered with sfsync (it is %s: "
                     "optimizer.zero_grad(set_to_none=True) or an assignment to .grad inside the "
                     "window)" % (name, "None" if p.grad is None else "another tensor"))
-        self._passes = 0
-        if self._optimizer is not None:  # it waits bucket by bucket inside opt.step()
+        if self._optimizer is not None:  # final now, or bucket by bucket in opt.step()
             self._optimizer._window_closed()
-            self.windows += 1
-            self._step_ready = True
-            return
-        self.context.synchronize()
-        self._after_synchronize()
-        self.windows += 1
-        self._step_ready = True
+        else:
+            self.context.synchronize()
+            self._after_synchronize()
+        self._window.close_window()
 
     def _after_synchronize(self):
         """Every bucket reduced: unused parameters' .grad None, buffers."""
@@ -788,30 +868,24 @@ class GradientSync:
             if buffers and self.world_size > 1:
                 _broadcast_tensors(self.context, buffers)
 
-    def optimizer(self, optimizer_class, params, overlap_gather=True, **defaults):
-        """``optimizer_class(params, **defaults)`` stepped bucket by bucket as
-        each reduction completes; sharded with ``shard_optimizer=True``. A
+    def optimizer(self, optimizer_class, params, overlap_gather=True, overlap_step=False,
+                  **defaults):
+        """``optimizer_class(params, **defaults)`` over this rank's shards
+        with ``shard_optimizer=True``, over the parameters otherwise. A
         torch.optim.Optimizer (param_groups, state, step, zero_grad,
-        state_dict, clip_grad_norm_): see sfsync/optim.py."""
+        state_dict, clip_grad_norm_): see sfsync/optim.py. Every ``.grad``
+        is final when is_step() turns True; ``overlap_step=True`` (opt-in)
+        steps bucket by bucket as each reduction completes inside
+        ``opt.step()`` instead, and forbids reading ``.grad`` between the
+        window's last backward and ``opt.step()`` (clip with
+        ``opt.clip_grad_norm_``)."""
         from sfsync.optim import SyncOptimizer
         self._optimizer = SyncOptimizer(self, optimizer_class, params,
-                                        overlap_gather=overlap_gather, **defaults)
+                                        overlap_gather=overlap_gather,
+                                        overlap_step=overlap_step, **defaults)
         return self._optimizer
 
-    def set_accumulation_steps(self, n):
-        """Windows of ``n`` backward passes from the next window on (now if
-        no pass of the current window has run), e.g. an epoch's shorter last
-        window. Every rank must call it at the same point."""
-        _check_counts("set_accumulation_steps", n, None)
-        if n is None or not self.accumulation_steps:
-            raise ValueError("set_accumulation_steps: %r (GradientSync was made without "
-                             "accumulation_steps: its windows are explicit)" % (n,))
-        if self._window_start():
-            self.accumulation_steps = n
-        else:
-            self._next_accumulation = n
-
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none=SET_TO_NONE_DEFAULT):
         """Zero every gradient in place (sf_zero_gradients), re-attaching a
         ``.grad`` that was set to None or replaced. ``set_to_none=True`` sets
         them to None instead (re-attached, zeroed, at the next window)."""
@@ -905,6 +979,14 @@ def _grad_hook(me, i):
     return hook
 
 
+def _post_accumulate_hook(me, i):
+    def hook(param):
+        sync = me()
+        if sync is not None and sync.context is not None:
+            sync._grad(i)
+    return hook
+
+
 def _forward_hook(me):
     def hook(module, inputs):
         sync = me()
@@ -922,7 +1004,7 @@ def _end_pass(me):
 # ---- Keeping DDP -------------------------------------------------------------------
 
 
-class DDPSync:
+class DDPSync(_WindowFace):
     """sfsync's window for a DistributedDataParallel model: a communication
     hook that returns each bucket locally inside a window (nothing sent) and
     averages it with the process group's all-reduce outside, as DDP's default
@@ -938,14 +1020,11 @@ class DDPSync:
         self.ddp = ddp
         self.group = ddp.process_group
         self.world_size = dist.get_world_size(self.group)
-        self.accumulation_steps = accumulation_steps
+        _refuse_python_reducer()
+        self._window = HostWindow("attach", accumulation_steps)
         self._owns_context = context is None
+        self.context = None
         self.context = context if context is not None else make_context(**options)
-        self._passes = 0
-        self._pass_started = False
-        self._step_ready = False
-        self._next_accumulation = None
-        self.windows = 0
         self.deferred_buckets = 0
         self.reduced_buckets = 0
         self._verify_every = verify_every
@@ -966,44 +1045,31 @@ class DDPSync:
             self._handles.append(ddp.module.register_forward_pre_hook(_ddp_verify_hook(me)))
             _log(sfsync.LOG_INFO, "attach: DDP comm hook, %s, world size %d%s" % (
                 "accumulation_steps=%d" % accumulation_steps if accumulation_steps
-                else "explicit windows", self.world_size,
+                else "windows from no_sync()", self.world_size,
                 ", verify_every=%d" % verify_every if verify_every else ""))
         except BaseException:
             self.close()
             raise
 
-    def _enter_pass_window(self):
-        _enter_pass_window(self.context, self._passes, self.accumulation_steps)
-
-    def set_accumulation_steps(self, n):
-        """Windows of ``n`` backward passes from the next window on (as
-        GradientSync's)."""
-        _check_counts("set_accumulation_steps", n, None)
-        if n is None or not self.accumulation_steps:
-            raise ValueError("set_accumulation_steps: %r (attach was made without "
-                             "accumulation_steps: its windows are explicit)" % (n,))
-        self._next_accumulation = n
-        if self._passes == 0 and not self._pass_started:
-            self.accumulation_steps, self._next_accumulation = n, None
-
     def _forward(self):
+        """DDP's forward starts a pass. Inside DDP's own no_sync() DDP calls
+        no comm hook in the backward: the pass is counted here, whole."""
         if not torch.is_grad_enabled():
             return
-        if self._next_accumulation is not None and self._passes == 0 and \
-                not self._pass_started:
-            self.accumulation_steps, self._next_accumulation = self._next_accumulation, None
-        if self.accumulation_steps:
-            self._enter_pass_window()
+        window = self._window
+        if not self.ddp.require_backward_grad_sync and not window.pass_open:
+            window.begin_pass(True)
+            window.end_pass()
+            _set_window(self.context, True)
+            return
+        _set_window(self.context, window.begin_pass(self._host_inside))
 
     def _hook(self, bucket):
         import torch.distributed as dist
-        if not self._pass_started:
-            self._pass_started = True
-            self._step_ready = False
-            if self.accumulation_steps:
-                self._enter_pass_window()
+        window = self._window
+        local = window.begin_pass(self._host_inside)  # (decided at the forward)
         buf = bucket.buffer()
-        if self.context.in_accumulation():
+        if local:
             self.deferred_buckets += 1
             fut = torch.futures.Future()
             fut.set_result(buf)  # the local sum stays in .grad: nothing is sent
@@ -1012,30 +1078,9 @@ class DDPSync:
             buf.div_(self.world_size)
             fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
             fut = fut.then(lambda f: f.value()[0])
-        if bucket.is_last():
-            self._pass_started = False
-            if self.context.in_accumulation():
-                self._passes += 1
-            else:
-                self._passes = 0
-                self.windows += 1
-                self._step_ready = True
+        if bucket.is_last() and window.end_pass():
+            window.close_window()
         return fut
-
-    def accumulate(self):
-        """Explicit windows: ``with sync.accumulate():`` around forward and
-        backward of micro-batches 1..N-1; the next pass outside reduces."""
-        if self.accumulation_steps:
-            raise RuntimeError("attach(accumulation_steps=%d) opens and closes windows itself: "
-                               "do not use accumulate()" % self.accumulation_steps)
-        return self.context.accumulate()
-
-    no_sync = accumulate
-
-    def is_step(self):
-        """True once the window's last backward pass was all-reduced, until
-        the next backward pass starts."""
-        return self._step_ready
 
     def verify(self):
         verifier = self._verifier or _Verifier(self.context, _named_state(self.ddp.module, False))
@@ -1051,7 +1096,7 @@ class DDPSync:
         _load_state_dict(self, "DDPSync", state)
 
     def _at_window_boundary(self):
-        return self._passes == 0 and not self._pass_started
+        return self._window.at_boundary
 
     def close(self):
         """Remove the forward hook and close the context if made here. (DDP
@@ -1075,8 +1120,26 @@ class _HookState:
         return {}
 
 
+def _refuse_python_reducer():
+    """attach() needs DDP's C++ reducer, which calls a comm hook once per
+    bucket: torch 2.x's compiled DDP with ``torch._dynamo.config.optimize_ddp
+    = "python_reducer"`` calls it per parameter as hook(state, (grad, param))."""
+    dynamo = getattr(getattr(torch, "_dynamo", None), "config", None)
+    mode = getattr(dynamo, "optimize_ddp", None) if dynamo is not None else None
+    if mode == "python_reducer":
+        raise RuntimeError(_PYTHON_REDUCER)
+
+
+_PYTHON_REDUCER = ("attach: torch._dynamo.config.optimize_ddp = 'python_reducer' calls DDP comm "
+                   "hooks per parameter, not per bucket: sfsync's windows need DDP's own "
+                   "reducer; use sfsync.torch.GradientSync(model) with torch.compile instead, or "
+                   "another optimize_ddp setting")
+
+
 def _ddp_comm_hook(state, bucket):
     import torch.distributed as dist
+    if isinstance(bucket, tuple):  # the python reducer, turned on after attach
+        raise RuntimeError(_PYTHON_REDUCER)
     sync = state.me()
     if sync is None or sync.context is None:  # closed: DDP's default
         buf = bucket.buffer()
@@ -1109,9 +1172,11 @@ def attach(ddp_model, accumulation_steps=None, **kwargs):
     stay local (1x the gradient bytes per window from the first window, the
     same weights as DDP with a correct ``no_sync()``); the loop is
     ``loss.backward(); if sync.is_step(): opt.step(); opt.zero_grad()``.
-    Without it, ``with sync.accumulate():`` marks the local micro-batches.
-    Do not also use DDP's own ``no_sync()`` with ``accumulation_steps``: DDP
-    calls no hook inside it, so those passes would not be counted.
+    A host that uses DDP's own ``no_sync()`` (or ``sync.no_sync()``; the
+    trainer frameworks do) decides the windows instead: sfsync counts those
+    passes and never defers a synchronization the host asks for; with
+    ``accumulation_steps`` too, the first window must agree with it
+    (RuntimeError naming both otherwise).
     ``verify_every=K`` (and ``verify_buffers``) as GradientSync's. Other
     keyword arguments go to ``make_context``.
     """

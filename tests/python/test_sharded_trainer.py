@@ -187,7 +187,11 @@ def run_sync(rank, world, c, case, layout, clip, unused):
     sync = gsync(model, accumulation_steps=WINDOWS[0], shard_optimizer=layout
                             is not None, shard_layout=layout or "flat", bucket_cap_mb=0.002,
                             first_bucket_cap_mb=0.001, find_unused_parameters=unused)
-    opt = sync.optimizer(torch.optim.AdamW, groups_of(model), lr=0.01)
+    # overlap_step: the 0.3 windows these cases measure (per-bucket steps,
+    # sharded: 1x the bytes, only this rank's range of .grad final; clipping
+    # through opt.clip_grad_norm_). The default (every .grad final at
+    # is_step()) is test_host_windows.py's.
+    opt = sync.optimizer(torch.optim.AdamW, groups_of(model), lr=0.01, overlap_step=True)
     c.that(isinstance(opt, torch.optim.Optimizer), "%s: not a torch.optim.Optimizer" % case)
     sched = schedule(opt)
     buckets = sync.context.stats()["bucket_count"]
@@ -337,8 +341,10 @@ def case_memory(rank, world, c, layout="flat"):
                                                         full / world, slack))
     gathered = shard.stats(sync.context)["bytes_gathered"]
     grads = sum(p.numel() * 4 for p in model.parameters())
-    c.that(grads <= gathered <= 1.02 * grads, "memory: %d bytes gathered for %d parameter bytes"
-           % (gathered, grads))
+    # the default optimizer: the reduced gradients gathered (final .grad at
+    # is_step()), then the parameters: twice the parameter bytes
+    c.that(2 * grads <= gathered <= 2.04 * grads, "memory: %d bytes gathered for %d parameter "
+           "bytes (gradients and parameters)" % (gathered, grads))
     sync.close()
     return "memory %s %.4f/W" % (layout, mine / (full / world))
 

@@ -105,14 +105,29 @@ class Counting(unittest.TestCase):
             self.assertEqual(sync.stats()["windows_completed"], 3)
             self.assertEqual(sync.stats()["windows_begun"], 0)
 
-    def test_counting_refuses_explicit_windows_and_bad_values(self):
+    def test_counting_follows_an_agreeing_host_and_refuses_bad_values(self):
+        """A host's no_sync() that agrees with accumulation_steps is
+        followed (0.3 refused it; the frameworks use it); one that keeps
+        deferring past N in the first window is a RuntimeError naming both;
+        synchronize() in counting mode stays an error."""
         model = Net()
         with sft.GradientSync(model, accumulation_steps=2, **LOCAL) as sync:
-            with self.assertRaisesRegex(RuntimeError, "opens and closes windows itself"):
-                sync.accumulate()
             with self.assertRaisesRegex(RuntimeError, r"do not call synchronize\(\)"):
                 sync.synchronize()
             self.assertFalse(sync.is_step())
+            with sync.no_sync():
+                model(data(0)).sum().backward()
+            self.assertFalse(sync.is_step())
+            model(data(1)).sum().backward()
+            self.assertTrue(sync.is_step())
+            self.assertEqual(sync.stats()["windows_completed"], 1)
+        with sft.GradientSync(Net(), accumulation_steps=2, **LOCAL) as sync:
+            with sync.no_sync():
+                sync(data(0)).sum().backward()
+                with self.assertRaisesRegex(RuntimeError, r"accumulation_steps=2, but the host "
+                                            r"keeps micro-batch 2 of its first window inside"):
+                    sync(data(1))
+            self.assertEqual(sync.stats()["windows_completed"], 0)
         for bad in (0, -1, 2.5, "4"):
             with self.assertRaisesRegex(ValueError, "accumulation_steps must be an integer"):
                 sft.GradientSync(Net(), accumulation_steps=bad, **LOCAL)
