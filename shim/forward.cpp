@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 #include "sfsync.h"
+#include "shim/shim_instance.h"
 
 namespace sfshim {
 
@@ -59,7 +61,40 @@ void sayOnce(bool& flag, const char* message) {
   std::lock_guard<std::mutex> lock(m);
   if (flag) return;
   flag = true;
-  sf_log(SF_LOG_WARN, "shim", message);
+  log(SF_LOG_WARN, message);
+}
+
+bool inShim(const void* address) {
+  static const void* base = [] {
+    Dl_info self{};
+    return dladdr(reinterpret_cast<const void*>(&inShim), &self) ? self.dli_fbase : nullptr;
+  }();
+  Dl_info info{};
+  return address && base && dladdr(address, &info) && info.dli_fbase == base;
+}
+
+void* sfsyncLibrary() {
+  static void* const handle = [] {
+    constexpr const char* kName = "libsfsync.so.1";
+    constexpr int kFlags = RTLD_NOW | RTLD_LOCAL;
+    // As a DT_NEEDED entry would be found (the shim's RUNPATH, LD_LIBRARY_PATH,
+    // the system's directories), else next to the shim (an installed pair).
+    void* h = dlopen(kName, kFlags);
+    std::string firstError = h ? "" : dlerror();
+    Dl_info self{};
+    if (!h && dladdr(reinterpret_cast<const void*>(&sfsyncLibrary), &self) && self.dli_fname) {
+      std::string dir = self.dli_fname;
+      const size_t slash = dir.rfind('/');
+      if (slash != std::string::npos) h = dlopen((dir.substr(0, slash + 1) + kName).c_str(), kFlags);
+    }
+    if (!h) {
+      std::fprintf(stderr,
+                   "sfsync shim: cannot load %s (%s): passing every call through\n", kName,
+                   firstError.c_str());
+    }
+    return h;
+  }();
+  return handle;
 }
 
 }  // namespace sfshim

@@ -20,4 +20,16 @@ bool calledFromPlugin(const void* returnAddress);
 // `flag` is seen false.
 void sayOnce(bool& flag, const char* message);
 
+// libsfsync.so.1, opened by the shim itself (RTLD_LOCAL) at its load, not a
+// DT_NEEDED dependency: its own dependency, the system libgloo.so.0, must not
+// join the global scope, where it would stand in front of the Gloo that a host
+// carries inside itself (pip's torch: libtorch_cpu.so) and take its symbols
+// (shim/README.md, "Supported hosts"). A host that loads libsfsync.so.1 too
+// (ctypes, or linked) gets the same instance. Null (said once on stderr) if it
+// cannot be loaded: then every call passes through.
+void* sfsyncLibrary();
+
+// True if `address` lies in libsfsync_shim.so itself.
+bool inShim(const void* address);
+
 }  // namespace sfshim

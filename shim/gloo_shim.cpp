@@ -2,7 +2,11 @@
 // all-reduce that PyTorch's ProcessGroupGloo calls (Debian's libtorch_cpu.so
 // imports it from the system libgloo.so.0). Gloo declares this function a
 // friend of AllreduceOptions, so this definition can read the options: the
-// buffers, the element size, the reduce function and the context (world size).
+// buffers, the element size, the reduce function and the context (world size)
+// -- of the system libgloo.so.0 only, whose headers the shim is built with. A
+// host carrying its own Gloo (pip's torch, statically inside libtorch_cpu.so)
+// calls this definition too, through its PLT: its calls are given to its own
+// gloo::allreduce unread (shim/gloo_host.h), said at once.
 
 #include <gloo/allreduce.h>
 
@@ -11,6 +15,7 @@
 #include <string>
 
 #include "shim/forward.h"
+#include "shim/gloo_host.h"
 #include "shim/shim_instance.h"
 
 namespace {
@@ -31,15 +36,30 @@ AllreduceFn real() {
 namespace gloo {
 
 __attribute__((visibility("default"))) void allreduce(const AllreduceOptions& opts) {
+  const void* const caller = __builtin_return_address(0);
+  const bool plugin = sfshim::calledFromPlugin(caller);
+  const sfshim::GlooHost* host = plugin ? nullptr : &sfshim::glooHostFor(caller);
+  if (host && !host->system) {
+    // Another Gloo: its options are never read, not even to count bytes.
+    const auto own = reinterpret_cast<AllreduceFn>(host->forward);
+    if (!own) {
+      throw std::runtime_error("sfsync shim: no gloo::allreduce found for a call from " +
+                               host->caller);
+    }
+    if (!sfshim::pluginUsable()) return own(opts);
+    std::string failure;
+    if (sfshim::decideForeignGloo(host->problem, &failure).action == SF_SHIM_FAIL) {
+      throw std::runtime_error(failure);
+    }
+    return own(opts);
+  }
   const AllreduceFn forward = real();
   if (!forward) {
     throw std::runtime_error(
         "sfsync shim: the real gloo::allreduce was not found (neither after the shim nor in "
         "a loaded libgloo.so.0)");
   }
-  if (!sfshim::pluginUsable() || sfshim::calledFromPlugin(__builtin_return_address(0))) {
-    return forward(opts);
-  }
+  if (plugin || !sfshim::pluginUsable()) return forward(opts);
   const auto& o = opts.impl_;
   if (o.out.empty() || !o.context) return forward(opts);  // Gloo reports the misuse
 

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
 #include "plugin/api/sfsync_internal.h"
 #include "plugin/core/dtype.h"
+#include "shim/forward.h"
 #include "shim/policy/shim_policy.h"
 
 namespace sfshim {
@@ -19,21 +21,37 @@ using WindowStateFn = sf_status (*)(const sf_context*, int32_t, sf_window_state_
 // Looked up by version: a libsfsync.so without this node makes the shim pass
 // everything through, rather than keep the host from starting.
 WindowStateFn windowStateFn() {
-  static const WindowStateFn f = reinterpret_cast<WindowStateFn>(
-      dlvsym(RTLD_DEFAULT, "sf_internal_window_state_v1", SF_INTERNAL_NODE));
+  static const WindowStateFn f = [] {
+    void* h = sfsyncLibrary();
+    return h ? reinterpret_cast<WindowStateFn>(
+                   dlvsym(h, "sf_internal_window_state_v1", SF_INTERNAL_NODE))
+             : nullptr;
+  }();
+  return f;
+}
+
+using LogFn = void (*)(int32_t, const char*, const char*);
+
+LogFn logFn() {
+  static const LogFn f = [] {
+    void* h = sfsyncLibrary();
+    return h ? reinterpret_cast<LogFn>(dlvsym(h, "sf_log", "SFSYNC_1")) : nullptr;
+  }();
   return f;
 }
 
 std::atomic<ShimPolicy*> gPolicy{nullptr};
 
-// Made on the first interposed call. Leaked on purpose: it is used from the
-// shim's exit hook, after static destructors may have run.
-ShimPolicy& policy() {
+// Made on the first interposed call (`foreignGloo`: a call of a foreign Gloo,
+// shim/gloo_host.h). Leaked on purpose: it is used from the shim's exit hook,
+// after static destructors may have run.
+ShimPolicy& policy(bool foreignGloo = false) {
   if (ShimPolicy* p = gPolicy.load(std::memory_order_acquire)) return *p;
   static std::mutex m;
   std::lock_guard<std::mutex> lock(m);
   if (ShimPolicy* p = gPolicy.load(std::memory_order_relaxed)) return *p;
   ShimConfig config = shimConfigFromEnvironment();
+  config.foreignGloo = foreignGloo;
   sf_window_state_v1 s{};
   s.struct_size = sizeof s;
   const WindowStateFn f = windowStateFn();
@@ -82,6 +100,17 @@ sf_shim_decision decide(const sf_shim_call& call, std::string* failure) {
   }
 }
 
+sf_shim_decision decideForeignGloo(const std::string& why, std::string* failure) {
+  try {
+    ShimPolicy& p = policy(true);
+    sf_shim_decision d = p.decideForeignGloo(why);
+    if (d.action == SF_SHIM_FAIL && failure) *failure = "sfsync shim: " + p.failure();
+    return d;
+  } catch (...) {
+    return sf_shim_decision{};  // SF_SHIM_PASS: the call is forwarded unread anyway
+  }
+}
+
 ReduceClass classifyReduce(const void* identity, size_t elementSize, const ReduceFunction& fn) {
   try {
     return policy().classifier().classify(identity, elementSize, fn);
@@ -103,7 +132,13 @@ bool finish() {
   }
 }
 
-void log(int level, const std::string& message) { sf_log(level, "shim", message.c_str()); }
+void log(int level, const std::string& message) {
+  if (const LogFn f = logFn()) {
+    f(level, "shim", message.c_str());
+  } else if (level == SF_LOG_WARN) {  // no libsfsync.so: its logger's default, stderr at WARN
+    std::fprintf(stderr, "sfsync shim: %s\n", message.c_str());
+  }
+}
 
 }  // namespace sfshim
 

@@ -24,6 +24,12 @@ bool pluginUsable();
 // error the call passes.
 sf_shim_decision decide(const sf_shim_call& call, std::string* failure);
 
+// The decision for a Gloo all-reduce of a host whose Gloo is not the one the
+// shim was built against (shim/gloo_host.h), whose arguments are never read:
+// SF_SHIM_PASS, or with SF_STRICT=1 SF_SHIM_FAIL with *failure. `why` is
+// said once at WARN. Never throws.
+sf_shim_decision decideForeignGloo(const std::string& why, std::string* failure);
+
 // Classifies a reduce function (see ReduceClassifier), cached under identity.
 ReduceClass classifyReduce(const void* identity, size_t elementSize, const ReduceFunction& fn);
 

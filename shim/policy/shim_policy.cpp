@@ -125,7 +125,7 @@ ShimPolicy::ShimPolicy(ShimConfig config, WindowSource windows, Sink sink)
       std::fputs(("sfsync shim: " + line + "\n").c_str(), stderr);
     };
   }
-  mode_ = config_.stepsInvalid ? Mode::kOff
+  mode_ = config_.stepsInvalid || config_.foreignGloo ? Mode::kOff
           : config_.accumulationSteps > 0 ? Mode::kAutomatic
                                           : Mode::kExplicit;
   for (const auto& p : config_.problems) say(p);
@@ -334,6 +334,20 @@ void ShimPolicy::reportUnsynchronized(const std::string& when) {
   open_ = false;
 }
 
+sf_shim_decision ShimPolicy::decideForeignGloo(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.calls;
+  ++counters_.callsGloo;
+  ++counters_.foreignGlooCalls;
+  const std::string said =
+      why + (config_.strict ? " (SF_STRICT=1: this all-reduce fails)"
+                            : " (they pass through untouched; SF_STRICT=1 makes this an error)");
+  sayOnce(saidForeign_, said);
+  if (config_.strict) return fail(window_, said);
+  ++counters_.passed;
+  return sf_shim_decision{};  // SF_SHIM_PASS
+}
+
 sf_shim_decision ShimPolicy::fail(int64_t window, const std::string& why) {
   failedStrict_ = true;
   failure_ = why;
@@ -465,7 +479,8 @@ std::string ShimPolicy::reportJsonLocked() const {
     << "\", \"accumulation_steps\": " << config_.accumulationSteps
     << ", \"min_bytes\": " << config_.minBytes << ", \"strict\": " << (config_.strict ? 1 : 0)
     << ",\n \"calls\": " << k.calls << ", \"calls_gloo\": " << k.callsGloo
-    << ", \"calls_nccl\": " << k.callsNccl << ", \"deferred\": " << k.deferred
+    << ", \"calls_nccl\": " << k.callsNccl << ", \"foreign_gloo_calls\": " << k.foreignGlooCalls
+    << ", \"deferred\": " << k.deferred
     << ", \"passed\": " << k.passed << ", \"bytes_deferred\": " << k.bytesDeferred
     << ", \"bytes_sent\": " << k.bytesSent << ", \"gradient_calls_sent\": " << k.gradientCallsSent
     << ", \"gradient_bytes_sent\": " << k.gradientBytesSent << ",\n \"windows\": " << windows

@@ -52,6 +52,10 @@ struct ShimConfig {
   bool strict = false;            // SF_STRICT=1 (libsfsync reads it; see sfsync_internal.h)
   std::string reportPath;         // SF_SHIM_REPORT; %p: pid, %r: rank
   std::vector<std::string> problems;  // variables that did not parse, said once
+  // Made at a call from a host whose Gloo is not the system libgloo.so.0 the
+  // shim was built against (shim/gloo_host.h): nothing can be deferred, so
+  // the mode is off and automatic windows are not announced.
+  bool foreignGloo = false;
 };
 
 // Reads SF_SHIM_MIN_BYTES, SF_ACCUMULATION_STEPS, SF_SHIM_REPORT (not
@@ -63,6 +67,7 @@ struct ShimCounters {
   int64_t calls = 0;                 // every interposed all-reduce
   int64_t callsGloo = 0;
   int64_t callsNccl = 0;
+  int64_t foreignGlooCalls = 0;      // Gloo all-reduces of a foreign Gloo: passed unread
   int64_t deferred = 0;              // gradient all-reduces not sent
   int64_t passed = 0;                // all-reduces forwarded (gradient or not)
   int64_t bytesDeferred = 0;
@@ -98,6 +103,11 @@ class ShimPolicy {
   ShimPolicy(ShimConfig config, WindowSource windows, Sink sink = nullptr);
 
   sf_shim_decision decide(const sf_shim_call& call);
+  // A Gloo all-reduce of a host whose Gloo is not the one the shim was built
+  // against: its arguments are never read. `why` (said once, at WARN) names
+  // the host's Gloo and the alternative. Passed (counted, no bytes), or with
+  // SF_STRICT=1 failed (every such call, and finish() returns false).
+  sf_shim_decision decideForeignGloo(const std::string& why);
   // Why the latest SF_SHIM_FAIL failed (for the host's error).
   std::string failure() const;
 
@@ -161,6 +171,7 @@ class ShimPolicy {
   bool saidSwitch_ = false;
   bool saidLost_ = false;
   bool saidNoContext_ = false;
+  bool saidForeign_ = false;
 };
 
 }  // namespace sfshim

@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """PyTorch DDP over Gloo, 2 CPU processes, N micro-batches per optimizer step.
 
-Run with Debian's /usr/bin/python3 (torch 1.13). The ranks are started with
-torch.multiprocessing.spawn and meet through a file store given to
-init_process_group: no RANK/WORLD_SIZE/MASTER_* in the environment, so the
-shim can only learn the world size from the host's own communicator.
+Run with Debian's /usr/bin/python3 (torch 1.13), or with pip's torch 2.x
+(SF_PYTHON_TORCH2: the shim must detect its own Gloo and pass it through).
+The ranks are started with torch.multiprocessing.spawn and meet through a
+file store given to init_process_group: no RANK/WORLD_SIZE/MASTER_* in the
+environment, so the shim can only learn the world size from the host's own
+communicator.
 
 --mode nosync   the reference: no_sync() around forward and backward of the
                 first N-1 micro-batches (what DDP users write).
@@ -42,12 +44,17 @@ Checks (each a failing exit status with a message):
   --report P       SF_SHIM_REPORT pattern (with %r); checks the shim's report
                    of each rank against --expect: calls, auto (SF_ACCUMULATION_STEPS
                    = --steps), pass (nothing deferred), unsynced, lost (auto
-                   until --foreign-at, then nothing deferred).
+                   until --foreign-at, then nothing deferred), foreign (a
+                   host whose Gloo is not the system one, e.g. pip's torch:
+                   every Gloo all-reduce passed unread, those of plain DDP,
+                   nothing deferred; the pattern takes %p, the rank being
+                   unknown to the shim).
 """
 
 import argparse
 import contextlib
 import ctypes
+import glob
 import json
 import os
 import sys
@@ -171,8 +178,34 @@ def worker(rank, args, store_file):
         sys.exit(1)
 
 
+def check_foreign_reports(args):
+    """A foreign Gloo (--expect foreign): the shim read nothing, so the reports
+    (one per process, by pid) hold calls only: plain DDP's, one gradient
+    all-reduce per bucket and backward pass (one bucket in the first pass,
+    two after the rebuild), none deferred."""
+    paths = sorted(glob.glob(args.report.replace("%p", "*")))
+    if len(paths) != WORLD:
+        return [f"{len(paths)} reports match {args.report}, want {WORLD}"]
+    passes = args.windows * args.steps
+    want = 1 + 2 * (passes - 1)
+    failures = []
+    for path in paths:
+        with open(path) as f:
+            r = json.load(f)
+        print(f"{os.path.basename(path)}: mode {r['mode']}, {r['calls']} calls, "
+              f"{r['foreign_gloo_calls']} of a foreign Gloo, {r['passed']} passed, "
+              f"{r['deferred']} deferred, {r['windows']} windows (plain DDP: {want} calls)")
+        if (r["mode"] != "off" or r["foreign_gloo_calls"] != want or r["calls"] != want or
+                r["passed"] != want or r["deferred"] != 0 or r["bytes_deferred"] != 0 or
+                r["windows"] != 0):
+            failures.append(f"{path}: expected {want} foreign Gloo calls, all passed: {r}")
+    return failures
+
+
 def check_reports(args, grad_bytes):
     """The shim's own account, per rank, against what this script did."""
+    if args.expect == "foreign":
+        return check_foreign_reports(args)
     n, windows, t = args.steps, args.windows, grad_bytes
     failures = []
     for rank in range(WORLD):
@@ -283,7 +316,8 @@ def main():
     p.add_argument("--local-from", type=int)
     p.add_argument("--foreign-at", type=int)
     p.add_argument("--report")
-    p.add_argument("--expect", choices=["calls", "auto", "pass", "unsynced", "lost", "permicro"])
+    p.add_argument("--expect",
+                   choices=["calls", "auto", "pass", "unsynced", "lost", "permicro", "foreign"])
     p.add_argument("--unsynchronized", type=lambda s: [int(x) for x in s.split(",") if x],
                    default=[])
     args = p.parse_args()
@@ -293,9 +327,10 @@ def main():
             os.remove(os.path.join(args.log_dir, name))
     if args.report:  # the shim writes the reports at the ranks' exit
         os.makedirs(os.path.dirname(args.report) or ".", exist_ok=True)
-        for rank in range(WORLD):
+        for path in [args.report.replace("%r", str(rank)) for rank in range(WORLD)] + \
+                glob.glob(args.report.replace("%p", "*").replace("%r", "*")):
             with contextlib.suppress(FileNotFoundError):
-                os.remove(args.report.replace("%r", str(rank)))
+                os.remove(path)
     with tempfile.TemporaryDirectory() as tmp:
         args.tmp = tmp
         mp.spawn(worker, args=(args, os.path.join(tmp, "store")), nprocs=WORLD, join=True)

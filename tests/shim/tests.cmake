@@ -150,6 +150,78 @@ else()
     PASS "WARN window window 1 ended, but these windows affect nothing.*\nOK\n")
 endif()
 
+# ---- Pip's torch 2.x (Gloo built into libtorch_cpu.so), 2 CPU processes ------
+# The shim never reads another Gloo's structures: at the first all-reduce it
+# says that this host's Gloo is not the system libgloo.so.0 (WARN, the facts
+# at INFO) and passes every one through untouched, so the run is plain DDP
+# (every pass synchronized, the no_sync() reference's weights); SF_STRICT=1
+# makes it an error. SF_PYTHON_TORCH2: that Python (scripts/torch2-venv.sh).
+if(NOT DEFINED SF_PYTHON_TORCH2)
+  set(SF_PYTHON_TORCH2 "" CACHE FILEPATH "Python with pip's torch 2.x (its own Gloo), for the torch 2 tests")
+endif()
+if(NOT SF_PYTHON_TORCH2)
+  sf_missing_prerequisite(NAME shim_torch2_ddp_tests LABELS "shim;torch"
+    REASON "SF_PYTHON_TORCH2 is not set: the shim's tests under pip's torch 2.x cannot run")
+else()
+  set(ddp2 ${SF_PYTHON_TORCH2} ${SF_SHIM_TESTS}/ddp_accumulation.py --steps 4)
+  set(ref2 ${CMAKE_CURRENT_BINARY_DIR}/shim_torch2_ddp_reference.pt)
+  set(reports2 ${CMAKE_CURRENT_BINARY_DIR}/reports-torch2)
+  set(preload2 LD_PRELOAD=$<TARGET_FILE:sfsync_shim>)
+  # The exact lines (each rank says them once, at its first all-reduce).
+  set(torch2_cpu "/[^ ]*/torch/lib/libtorch_cpu\\.so")
+  set(torch2_said "this host's Gloo is not the system libgloo\\.so\\.0 the shim was built against: gloo::allreduce called from ${torch2_cpu} is its own \\(a Gloo built into it, as pip's torch builds one into libtorch_cpu\\.so\\)\\. The shim never reads another Gloo's structures: nothing is deferred and windows \\(WINDOWS\\) have no effect on this host's all-reduces\\. Use the in-process integration instead: sfsync\\.torch\\.attach\\(ddp_model\\) or sfsync\\.torch\\.GradientSync\\(model\\) ")
+  string(REPLACE "WINDOWS" "SF_ACCUMULATION_STEPS=4 and sf_begin_accumulation" torch2_said_auto "${torch2_said}")
+  string(REPLACE "WINDOWS" "SF_ACCUMULATION_STEPS and sf_begin_accumulation" torch2_said_calls "${torch2_said}")
+  set(torch2_passes "\\(they pass through untouched; SF_STRICT=1 makes this an error\\)$")
+  set(torch2_warn "^sfsync [^ ]+ WARN shim ")
+  set(torch2_facts "^sfsync [^ ]+ INFO shim host Gloo: gloo::allreduce statically inside ${torch2_cpu}, not the system libgloo\\.so\\.0 \\(built against Gloo [0-9]+\\.[0-9]+\\.[0-9]+, /[^ ]*libgloo[^ ]*; the system libgloo\\.so\\.0 loaded here is /[^ ]*libgloo\\.so[^ ]*\\)$")
+  function(sf_shim_torch2_test name)
+    cmake_parse_arguments(T "" "EXIT" "ARGS;ENV;LINES;REJECT" ${ARGN})
+    if(NOT DEFINED T_EXIT)
+      set(T_EXIT 0)
+    endif()
+    sf_add_checked_test(NAME ${name} LINES ${T_LINES} REJECT ${T_REJECT} EXIT_CODE ${T_EXIT}
+      COMMAND ${ddp2} ${T_ARGS})
+    set_tests_properties(${name} PROPERTIES LABELS "shim;torch;torch2" TIMEOUT 180
+      FIXTURES_REQUIRED shim_torch2_ddp_reference ENVIRONMENT "${T_ENV}")
+  endfunction()
+
+  add_test(NAME shim_torch2_ddp_reference_no_sync
+           COMMAND ${ddp2} --mode nosync --check-grads --save ${ref2})
+  set_tests_properties(shim_torch2_ddp_reference_no_sync PROPERTIES
+    LABELS "shim;torch;torch2" TIMEOUT 180 FIXTURES_SETUP shim_torch2_ddp_reference)
+  # SF_ACCUMULATION_STEPS=4 on the script untouched: plain DDP (every pass
+  # synchronized, the reference's weights), the shim's report holds plain
+  # DDP's 47 all-reduces (1 bucket, then 2, over 24 passes), all passed, none
+  # read; the automatic mode is not announced.
+  sf_shim_torch2_test(shim_torch2_foreign_gloo_passthrough
+    ARGS --mode plain --reference ${ref2} --check-grads
+         --report ${reports2}/passthrough-%p.json --expect foreign
+    ENV "${preload2};SF_ACCUMULATION_STEPS=4;SF_DEBUG=INFO;SF_SHIM_REPORT=${reports2}/passthrough-%p.json"
+    LINES "${torch2_warn}${torch2_said_auto}${torch2_passes}" "${torch2_facts}" "^OK$"
+    REJECT "automatic windows|INFO shim host Gloo: [^\n]*interposed")
+  # Said at once: inside the first backward pass (between the host's markers
+  # in SF_DEBUG_FILE), not at exit.
+  sf_shim_torch2_test(shim_torch2_foreign_gloo_said_at_once
+    ARGS --mode plain --windows 2 --mark --log-dir ${reports2}/at-once-log
+         --order "host backward window 1 micro-batch 0<WARN shim this host's Gloo is not the system libgloo.so.0<host backward done window 1 micro-batch 0"
+    ENV "${preload2};SF_ACCUMULATION_STEPS=4;SF_DEBUG=INFO;SF_DEBUG_FILE=${reports2}/at-once-log/%p.log"
+    LINES "^OK$")
+  # Explicit windows (the two ctypes calls) change nothing either: every pass
+  # synchronized, the reference's weights, said.
+  sf_shim_torch2_test(shim_torch2_foreign_gloo_explicit_windows
+    ARGS --mode calls --reference ${ref2} --check-grads
+    ENV "${preload2}"
+    LINES "${torch2_warn}${torch2_said_calls}${torch2_passes}" "^OK$")
+  # SF_STRICT=1: the first all-reduce fails with the message; the host's
+  # backward raises it, the process exits 1.
+  sf_shim_torch2_test(shim_torch2_foreign_gloo_strict
+    ARGS --mode plain --windows 2
+    ENV "${preload2};SF_ACCUMULATION_STEPS=4;SF_STRICT=1" EXIT 1
+    LINES "RuntimeError: sfsync shim: ${torch2_said_auto}\\(SF_STRICT=1: this all-reduce fails\\)$"
+          "${torch2_warn}${torch2_said_auto}\\(SF_STRICT=1: this all-reduce fails\\)$")
+endif()
+
 # libsfsync's own warnings about windows (no torch: ctypes processes).
 add_test(NAME shim_window_warnings
   COMMAND ${SF_PYTHON} ${SF_SHIM_TESTS}/window_warnings.py $<TARGET_FILE:sfsync>
