@@ -1,6 +1,7 @@
 """The sharded-window calls of the C ABI (Since 0.3) on an sfsync.Context:
 layouts, parameter registration, shard ranges, per-bucket waits, parameter
-gathers and the small float64 all-reduce, as plain functions of a Context.
+gathers, the gradient gather (Since 0.4) and the small float64 all-reduce, as
+plain functions of a Context.
 
 They bind the functions themselves (``sfsync.lib()`` plus argtypes) so that
 they work whether or not ``sfsync._PROTOTYPES`` lists them; the raw names are
@@ -31,9 +32,11 @@ _ARGTYPES = {
     "sf_start_gather": [_P, _c.c_int64],
     "sf_wait_gather": [_P, _c.c_int64],
     "sf_gather_parameters": [_P],
-    "sf_gather_gradients": [_P],
+    "sf_gather_gradients": [_P],  # since 0.4
     "sf_allreduce_float64": [_P, _c.POINTER(_c.c_double), _c.c_int64],
 }
+#: The sfsync version that added each function not in 0.3.
+_SINCE = {"sf_gather_gradients": "0.4"}
 _bound = {}
 
 
@@ -46,7 +49,8 @@ def _fn(name):
         except AttributeError:
             raise sfsync.UnsupportedError(
                 sfsync.ERR_UNSUPPORTED, "%s: the loaded libsfsync (%s) does not export it (it is "
-                "older than sfsync 0.3)" % (name, sfsync.library_path()), None, name) from None
+                "older than sfsync %s)" % (name, sfsync.library_path(), _SINCE.get(name, "0.3")),
+                None, name) from None
         # A private handle on the symbol: our argtypes never touch the binding's.
         fn = _c.CFUNCTYPE(_c.c_int32, *_ARGTYPES[name])(_c.cast(raw, _c.c_void_p).value)
 
@@ -123,8 +127,10 @@ def gather_parameters(ctx):
 
 
 def gather_gradients(ctx):
-    """Since 0.4: after a sharded window's synchronization, every rank's
-    gradients hold the whole reduced gradient (one all-gather per bucket)."""
+    """sf_gather_gradients (Since 0.4): after a sharded window's
+    synchronization and before the parameter gathers, make every rank's
+    gradients hold the whole reduced gradient (one all-gather per bucket).
+    Free in an unsharded context or at world size 1."""
     _fn("sf_gather_gradients")(_h(ctx))
 
 

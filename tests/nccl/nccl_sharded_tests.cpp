@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -25,16 +26,34 @@ struct ShardRun {
   std::vector<std::vector<double>> params;
   sf_stats stats{};
   sf_status earlyGather = SF_OK;
+  std::vector<std::vector<char>> gradients;  // after sf_gather_gradients (when asked)
+  int64_t gradientGathers = 0;               // all_gathers it added
 };
 
+// Gradient `p` of a run with `registered` is the host's cudaMalloc'd buffer
+// (its bucket then travels through a device staging buffer).
+bool registeredGradient(int p) { return p == 0 || p == 3; }
+constexpr double kSentinel = 1000.0;
+
+// gatherGradients: device gradients #0 and #3 registered (cudaMalloc), and
+// after synchronization what this rank does not own is overwritten with a
+// sentinel and sf_gather_gradients makes every gradient whole again.
 ShardRun trainSharded(int rank, int world, const std::string& rdv, sf_shard_layout layout,
-                      const std::vector<int64_t>& sizes, double lr) {
+                      const std::vector<int64_t>& sizes, double lr, bool gatherGradients = false) {
   ShardRun out;
   sf_options o = rankOptions(rank, world, rdv);
   o.local_rank = rank;
   o.shard_layout = layout;
   o.bucket_cap_mb = 1024.0 / 1048576.0;
   o.first_bucket_cap_mb = 512.0 / 1048576.0;
+  // The host's device buffers outlive the context (declared before it).
+  std::vector<void*> own(sizes.size(), nullptr);
+  struct Freed {
+    std::vector<void*>& p;
+    ~Freed() {
+      for (void* x : p) cudaFree(x);
+    }
+  } freed{own};
   ContextHandle h;
   auto failed = [&](sf_status st) {
     if (st != SF_OK && out.error.empty()) out.error = sf_last_error();
@@ -44,7 +63,18 @@ ShardRun trainSharded(int rank, int world, const std::string& rdv, sf_shard_layo
   const int n = int(sizes.size());
   for (int p = 0; p < n; ++p) {
     int64_t id;
-    if (failed(sf_add_gradient(h.ctx, sizes[size_t(p)], SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, nullptr, &id)) ||
+    if (gatherGradients && registeredGradient(p)) {
+      cudaSetDevice(rank);  // this rank's GPU (local_rank)
+      cudaMalloc(&own[size_t(p)], size_t(sizes[size_t(p)]) * 4);
+      if (failed(sf_register_gradient(h.ctx, own[size_t(p)], sizes[size_t(p)], SF_DTYPE_FLOAT32,
+                                      SF_DEVICE_CUDA, nullptr, &id))) {
+        return out;
+      }
+    } else if (failed(sf_add_gradient(h.ctx, sizes[size_t(p)], SF_DTYPE_FLOAT32, SF_DEVICE_CUDA,
+                                      nullptr, &id))) {
+      return out;
+    }
+    if (
         failed(sf_register_parameter(h.ctx, id, nullptr, sizes[size_t(p)], SF_DTYPE_FLOAT32,
                                      SF_DEVICE_CUDA))) {
       return out;
@@ -67,6 +97,23 @@ ShardRun trainSharded(int rank, int world, const std::string& rdv, sf_shard_layo
   if (failed(sf_wait_bucket(h.ctx, 0))) return out;
   if (failed(sf_synchronize(h.ctx))) return out;
   drain(nullptr);
+  if (gatherGradients) {
+    for (int p = 0; p < n; ++p) {
+      for (int64_t i = 0; i < sizes[size_t(p)]; ++i) {
+        if (i < off[size_t(p)] || i >= off[size_t(p)] + cnt[size_t(p)]) {
+          storeValue(g[size_t(p)], i, SF_DTYPE_FLOAT32, kSentinel);
+        }
+      }
+    }
+    const int64_t before = statsOf(h.ctx).all_gathers;
+    if (failed(sf_gather_gradients(h.ctx))) return out;
+    drain(nullptr);
+    out.gradientGathers = statsOf(h.ctx).all_gathers - before;
+    for (int p = 0; p < n; ++p) {
+      const char* x = static_cast<const char*>(g[size_t(p)]);
+      out.gradients.emplace_back(x, x + size_t(sizes[size_t(p)]) * 4);
+    }
+  }
   for (int p = 0; p < n; ++p) {
     for (int64_t i = off[size_t(p)]; i < off[size_t(p)] + cnt[size_t(p)]; ++i) {
       storeValue(w[size_t(p)], i, SF_DTYPE_FLOAT32,
@@ -125,6 +172,59 @@ BOOST_AUTO_TEST_CASE(threads3_flat_and_parameter_reduce_scatter_step_gather) {
       BOOST_TEST(buckets > 1);
       BOOST_TEST(sfStandinShardCounter("ncclReduceScatter") - rs0 == world * buckets);
       BOOST_TEST(sfStandinShardCounter("ncclAllGather") - ag0 == world * buckets);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(threads3_gather_gradients_makes_device_gradients_whole) {
+  // sf_gather_gradients (0.4) on CUDA buckets: one ncclAllGather per bucket
+  // over the gradient storage, device staging for the registered gradients;
+  // then the parameter gather as before.
+  const std::vector<int64_t> sizes = {300, 17, 200, 5, 64};
+  const double lr = 0.5;
+  for (sf_shard_layout layout : {SF_SHARD_FLAT, SF_SHARD_PARAMETER}) {
+    BOOST_TEST_CONTEXT("layout " << layout) {
+      const int world = 3;
+      const std::string rdv = "memory://" + uniqueName("nccl-shard-grads");
+      const int64_t ag0 = sfStandinShardCounter("ncclAllGather");
+      auto runs = runThreadRanks<ShardRun>(world, [&](int r) {
+        return trainSharded(r, world, rdv, layout, sizes, lr, true);
+      });
+      int64_t buckets = 0;
+      for (int r = 0; r < world; ++r) {
+        const ShardRun& x = runs[size_t(r)];
+        BOOST_REQUIRE_MESSAGE(x.error.empty(), x.error);
+        buckets = x.stats.bucket_count;
+        BOOST_TEST(x.gradientGathers == buckets);
+        BOOST_TEST(x.stats.all_gathers == 2 * buckets);  // gradients, then parameters
+        BOOST_REQUIRE(x.gradients.size() == sizes.size());
+        for (size_t p = 0; p < sizes.size(); ++p) {
+          for (int64_t i = 0; i < sizes[p]; ++i) {
+            double avg = 0;
+            for (int q = 0; q < world; ++q) avg += gradValue(q, 0, 0, int(p), i);
+            avg /= world;
+            const double got = loadValue(x.gradients[p].data(), i, SF_DTYPE_FLOAT32);
+            if (got != avg) {
+              BOOST_ERROR("rank " << r << " gradient " << p << "[" << i << "] = " << got
+                                  << ", want " << avg);
+              break;
+            }
+          }
+          BOOST_TEST((x.gradients[p] == runs[0].gradients[p]), "rank " << r << " gradient " << p);
+          for (int64_t i = 0; i < sizes[p]; ++i) {
+            double avg = 0;
+            for (int q = 0; q < world; ++q) avg += gradValue(q, 0, 0, int(p), i);
+            const double want = 0.5 * double(p) + 0.125 * double(i % 3) - lr * avg / world;
+            if (std::abs(x.params[p][size_t(i)] - want) > 1e-5) {
+              BOOST_ERROR("rank " << r << " parameter " << p << "[" << i << "] = "
+                                  << x.params[p][size_t(i)] << ", want " << want);
+              break;
+            }
+          }
+        }
+      }
+      BOOST_TEST(buckets > 1);
+      BOOST_TEST(sfStandinShardCounter("ncclAllGather") - ag0 == world * 2 * buckets);
     }
   }
 }
