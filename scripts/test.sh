@@ -34,11 +34,11 @@ torch2=$(bash scripts/torch2-venv.sh | tail -1) || {
 
 build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSF_PYTHON_TORCH2="$torch2"
 echo "== tests: everything"
-(cd build && ctest --output-on-failure)
+(cd build && ctest -j "$jobs" --output-on-failure)
 
 build build-asan -DSF_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug
 echo "== tests: AddressSanitizer + UBSan"
-(cd build-asan && ctest -L unit --output-on-failure)
+(cd build-asan && ctest -j "$jobs" -L unit --output-on-failure)
 
 build build-tsan -DSF_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
 echo "== tests: ThreadSanitizer"

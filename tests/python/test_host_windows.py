@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import inspect
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -369,6 +370,12 @@ def main():
         except Exception as e:  # a case that crashes fails, the others still run
             c.that(False, "%s raised %s: %s" % (name, type(e).__name__, e))
         dist.barrier()
+    # Gloo's process group goes before the interpreter does (a torch 2.x
+    # process exiting with it alive can abort in a Gloo worker thread); the
+    # workers drain first, with the GIL released (torch 1.13's teardown).
+    dist.barrier()
+    time.sleep(0.2)
+    dist.destroy_process_group()
     if c.failed:
         say(rank, "%d checks failed" % len(c.failed))
         return 1

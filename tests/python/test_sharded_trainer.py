@@ -38,6 +38,7 @@ import contextlib
 import copy
 import itertools
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -515,6 +516,12 @@ def main():
             GROUP.update(pg=pg, world=w, rank=rank, count=itertools.count())
             done.append("W=%d: %s" % (w, "; ".join(run_cases(rank, w, cases, c))))
         dist.barrier()
+    # Gloo's process group goes before the interpreter does (a torch 2.x
+    # process exiting with it alive can abort in a Gloo worker thread); the
+    # workers drain first, with the GIL released (torch 1.13's teardown).
+    dist.barrier()
+    time.sleep(0.2)
+    dist.destroy_process_group()
     if c.failed:
         say(rank, "%d checks failed" % len(c.failed))
         return 1

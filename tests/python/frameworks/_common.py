@@ -79,10 +79,27 @@ class Checks:
     def finish(self, name):
         spread = torch.tensor([float(len(self.failed))])
         dist.all_reduce(spread)
-        if spread.item():
+        failed = bool(spread.item())
+        if failed:
             say("%s: %d checks failed on this rank" % (name, len(self.failed)))
+        else:
+            say("%s: OK" % name)
+        teardown()
+        if failed:
             sys.exit(1)
-        say("%s: OK" % name)
+
+
+def teardown():
+    """Gloo's process group destroyed before the interpreter exits (a torch
+    2.x process that exits with it alive can abort in a Gloo worker thread:
+    "terminate called without an active exception", seen once here after
+    every check passed); the workers drain first, with the GIL released."""
+    import gc
+    import time
+    gc.collect()  # GradientSync contexts of the cases close before the group goes
+    dist.barrier()
+    time.sleep(0.2)
+    dist.destroy_process_group()
 
 
 def report(checks, case, model_vector, ref_vector, windows, ref_windows, gbytes, tol,
