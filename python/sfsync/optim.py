@@ -67,9 +67,12 @@ tensors); ``load_state_dict`` also accepts that form, at any world size and
 layout (each rank slices its ranges). Unsharded, both forms are the inner
 optimizer's own state dict.
 
-``param_groups`` are the inner optimizer's: LR schedulers work unchanged. In
-a sharded context their ``"params"`` are this rank's shard tensors (possibly
-none in a group).
+``param_groups`` are what a torch optimizer over the same parameters has:
+the user's groups with the model's parameters, so that LR schedulers,
+GradScaler.unscale_ and the frameworks' clipping over the optimizer's
+parameters see the whole model. Sharded, the inner optimizer over this
+rank's shard tensors gets their hyperparameters (lr, weight_decay, ...)
+before each step, as ZeroRedundancyOptimizer's local optimizer does.
 """
 
 import io
@@ -150,6 +153,13 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._unstepped = [s for s in self._slots if s.index not in seen]
         self.inner = optimizer_class(inner_groups, **defaults)
         self.defaults = self.inner.defaults
+        # What the host sees: the inner groups' hyperparameters with the
+        # model's parameters (sharded); unsharded they are the inner groups.
+        self._outer_groups = [
+            dict({k: v for k, v in g.items() if k != "params"},
+                 params=[sl.param for sl in slots])
+            for g, slots in zip(self.inner.param_groups, self._full_groups)
+        ] if self._sharded else None
         self._torch_optimizer_attributes()
         self._phase = "idle"     # "reducing": started, not waited; "synchronized": waited
         self._waited = set()     # buckets waited this window
@@ -186,11 +196,31 @@ class SyncOptimizer(torch.optim.Optimizer):
 
     @property
     def param_groups(self):
-        return self.inner.param_groups
+        return self._outer_groups if self._sharded else self.inner.param_groups
 
     @param_groups.setter
     def param_groups(self, value):
-        self.inner.param_groups = value
+        if self._sharded:
+            self._outer_groups = value
+        else:
+            self.inner.param_groups = value
+
+    def _hyperparameters_in(self):
+        """Sharded: the host's hyperparameters (a scheduler's lr, ...) into
+        the inner optimizer's groups."""
+        if self._sharded:
+            for outer, inner in zip(self._outer_groups, self.inner.param_groups):
+                for k, v in outer.items():
+                    if k != "params":
+                        inner[k] = v
+
+    def _hyperparameters_out(self):
+        """Sharded: the inner groups' hyperparameters (a loaded state) out."""
+        if self._sharded:
+            for outer, inner in zip(self._outer_groups, self.inner.param_groups):
+                for k, v in inner.items():
+                    if k != "params":
+                        outer[k] = v
 
     @property
     def state(self):
@@ -295,8 +325,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         the used mask (sharded: one sf_allreduce_float64) and the buffers.
         ``whole`` (sharded): gather the reduced gradient shards too, so that
         every rank's .grad holds the whole reduced gradient (user code may
-        read it), and give the shard tensors their gradients (GradScaler's
-        unscale_ reads the optimizer's own parameters)."""
+        read it: torch's clip, GradScaler.unscale_ over param_groups)."""
         sync = self._sync
         sync.context.synchronize()
         self._waited = set(range(self._buckets))
@@ -306,9 +335,6 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._sharded and whole:
             shard.gather_gradients(sync.context)
         sync._after_synchronize()
-        if self._sharded:
-            for s in self._stepped:
-                s.tensor.grad = self._grad_of(s)
         self._phase = "synchronized"
 
     def wait_gradients(self):
@@ -353,6 +379,7 @@ class SyncOptimizer(torch.optim.Optimizer):
                 if g is not None and self._scale is not None:
                     g = g * self._scale if s.master else g.mul_(self._scale)
                 s.tensor.grad = g
+        self._hyperparameters_in()
         keep = set(id(s.tensor) for s in slots)
         saved = [g["params"] for g in self.inner.param_groups]
         try:
@@ -494,6 +521,7 @@ class SyncOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         """The per-rank sharded form (see the module docstring); unsharded
         the inner optimizer's own (= the full form)."""
+        self._hyperparameters_in()
         sd = self.inner.state_dict()
         if self._sharded:
             sd["sfsync"] = self._meta()
@@ -521,6 +549,7 @@ class SyncOptimizer(torch.optim.Optimizer):
                                     mine[key] if key != "ranges" else "shard ranges"))
         inner = {k: v for k, v in state_dict.items() if k != "sfsync"}
         self.inner.load_state_dict(inner)
+        self._hyperparameters_out()
         with torch.no_grad():
             for s, m in zip(self._stepped, meta["master"]):
                 if m is not None:
@@ -551,6 +580,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             groups.append(dict(g, params=ids))
             start += len(slots)
         self.inner.load_state_dict({"state": state, "param_groups": groups})
+        self._hyperparameters_out()
         with torch.no_grad():  # bf16: the masters restart from the parameters
             for s in self._stepped:
                 if s.master:
@@ -565,6 +595,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             return self.inner.state_dict()
         sync = self._sync
         ctx, world = sync.context, sync.world_size
+        self._hyperparameters_in()
         mine = self.inner.state_dict()
         pieces = {}
         for k, s in enumerate(self._stepped):

@@ -26,6 +26,10 @@ used the same way (max |diff| <= 1e-6, ranks equal).
                      is final on every rank (only this rank's shard was)
     torch-api        step pre/post hooks fire on a SyncOptimizer; zero_grad() follows
                      torch's set_to_none default; GradScaler unscale_/step/update
+    amp / amp-sharded  (torch 2.x) bf16 autocast + torch.amp.GradScaler("cpu"): scale,
+                     unscale_, torch's clip, scaler.step, update, an LR scheduler, against
+                     DDP doing the same; sharded: the scaler finds the shard tensors'
+                     gradients (it asserted "No inf checks were recorded")
     compile          (torch 2.x) torch.compile(model) under GradientSync, framework loop:
                      DDP's weights (graph breaks are allowed, wrong results are not)
 
@@ -322,6 +326,49 @@ def case_torch_api(rank, c):
     return "torch-api"
 
 
+def amp_loop(model, opt, rank, no_sync):
+    """The frameworks' mixed-precision loop: bf16 autocast forward, a
+    GradScaler around backward and step, torch's clip after unscale_."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (1 + k))
+    for w, n in enumerate(WINDOWS):
+        for i in range(n):
+            with no_sync() if i < n - 1 else contextlib.nullcontext():
+                x, y = batch(rank, w, i)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = model(x)
+                loss = torch.nn.functional.mse_loss(out.float(), y) / n
+                scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+        opt.zero_grad()
+    return scaler.get_scale()
+
+
+def case_amp(rank, c, sharded):
+    name = "amp-sharded" if sharded else "amp"
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_cls is None or "device" not in inspect.signature(scaler_cls).parameters:
+        return "%s (torch %s has no torch.amp.GradScaler('cpu'))" % (name, torch.__version__)
+    ddp = DDP(make_net())
+    ref_scale = amp_loop(ddp, adamw(ddp.parameters()), rank, ddp.no_sync)
+    model = make_net()
+    sync = sft.GradientSync(model, shard_optimizer=sharded, bucket_cap_mb=0.5,
+                            first_bucket_cap_mb=0.1, find_unused_parameters=False)
+    opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=0.01)
+    scale = amp_loop(sync, opt, rank, sync.no_sync)
+    c.that(scale == ref_scale, "%s: loss scale %g, DDP's %g" % (name, scale, ref_scale))
+    state = model.state_dict()
+    d = c.close("%s weights vs DDP" % name, list(state.values()),
+                list(ddp.module.state_dict().values()))
+    c.ranks_equal("%s weights" % name, list(state.values()))
+    sync.close()
+    return "%s %.2g" % (name, d)
+
+
 def case_compile(rank, c):
     if not hasattr(torch, "compile"):
         return "compile (torch %s has no torch.compile)" % torch.__version__
@@ -352,6 +399,8 @@ CASES = {
     "sharded-state": lambda rank, c: case_sharded(rank, c, 0.0),
     "sharded-clip": lambda rank, c: case_sharded(rank, c, CLIP),
     "torch-api": case_torch_api,
+    "amp": lambda rank, c: case_amp(rank, c, False),
+    "amp-sharded": lambda rank, c: case_amp(rank, c, True),
     "compile": case_compile,
 }
 
