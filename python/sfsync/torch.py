@@ -18,9 +18,11 @@ communication hook bound to sfsync's window state. Inside a window a bucket is
 returned locally (nothing is sent); outside it is averaged with the process
 group's all-reduce, as DDP's default. Same loop, no ``no_sync()``.
 
-Both also take explicit windows instead of counting (``with
-sync.accumulate():`` around forward and backward of micro-batches 1..N-1;
-``GradientSync`` then needs ``sync.synchronize()`` before the step), and
+Both also follow the host's own windows instead of counting, as the
+trainer frameworks drive DDP: ``with sync.no_sync():`` (GradientSync, or
+DDP's own ``ddp.no_sync()`` under attach) around forward and backward of
+micro-batches 1..N-1, and the first pass outside synchronizes at its end
+(sfsync/host_window.py: the rule between the host and a counter). Both take
 ``verify_every=K``: every K optimizer steps (windows) the ranks compare a
 digest of their parameters (``verify_buffers=True``: and buffers) with one
 8-byte collective, and a mismatch raises ``ReplicaMismatchError`` on every
