@@ -7,7 +7,7 @@ the package), then a torchrun restart run from the installed package:
    libsfsync.so.1, the shim and the NCCL module (where this build has it);
    ``PYTHONPATH=T python3 -c "import sfsync; print(sfsync.library_path())"``
    from / with no SFSYNC_LIBRARY prints T/sfsync/libsfsync.so.1; the shim
-   resolves libsfsync.so.1 next to itself (RUNPATH $ORIGIN);
+   loads libsfsync.so.1 from next to itself (RUNPATH $ORIGIN, its own dlopen);
 3. ``python3 -m build --wheel --no-isolation COPY``: one py3-none-<platform>
    wheel holding the same libraries;
 4. a fresh ``python3 -m venv --system-site-packages V``; ``pip --python
@@ -166,11 +166,17 @@ def body(python, work):
     path = library_path(python, target)
     check(path == os.path.join(target, "sfsync", "libsfsync.so.1"),
           "PYTHONPATH=DIR: sfsync.library_path() = %s, inside DIR" % path)
-    ldd = subprocess.run(["ldd", os.path.join(target, "sfsync", "libsfsync_shim.so")],
-                         stdout=subprocess.PIPE, text=True).stdout
-    m = re.search(r"libsfsync\.so\.1 => (\S+)", ldd)
+    # The shim opens libsfsync.so.1 itself at load (dlopen, RTLD_LOCAL: it keeps
+    # the library's Gloo out of a pip torch's scope), through its RUNPATH
+    # $ORIGIN: the loader's trace of a preloaded process names the file.
+    shim = os.path.join(target, "sfsync", "libsfsync_shim.so")
+    trace = subprocess.run(["/bin/true"], env=dict(os.environ, LD_PRELOAD=shim,
+                                                   LD_DEBUG="files"),
+                           stderr=subprocess.PIPE, text=True).stderr
+    m = re.search(r"calling init: (\S*libsfsync\.so\.1)\b", trace)
     check(m is not None and m.group(1) == os.path.join(target, "sfsync", "libsfsync.so.1"),
-          "the shim resolves libsfsync.so.1 next to itself (%s)" % (m.group(1) if m else ldd))
+          "the preloaded shim loads libsfsync.so.1 next to itself (%s)"
+          % (m.group(1) if m else trace[-2000:]))
 
     # 3. the wheel
     r = run([python, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist, src])
