@@ -39,8 +39,8 @@ Results go to stderr: "[rank r] OK ..." or CHECK FAILED lines and exit 1.
 import argparse
 import contextlib
 import inspect
+import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -48,14 +48,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sfsync import torch as sft
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rank_checks  # noqa: E402
+
 WINDOWS = (4, 4, 2)
 TOL = 1e-6
 CLIP = 0.05
 
 
-def say(rank, text):
-    sys.stderr.write("[rank %d] %s\n" % (rank, text))
-    sys.stderr.flush()
+say = rank_checks.say
 
 
 class Net(torch.nn.Module):
@@ -130,22 +131,7 @@ def adamw(params):
     return torch.optim.AdamW(params, lr=0.01)
 
 
-class Checks:
-    def __init__(self, rank):
-        self.rank, self.failed = rank, []
-
-    def that(self, ok, text):
-        if not ok:
-            self.failed.append(text)
-            say(self.rank, "CHECK FAILED: " + text)
-        return ok
-
-    def close(self, what, a, b, tol=TOL):
-        diff = max(float((x.detach().double() - y.detach().double()).abs().max())
-                   for x, y in zip(a, b))
-        self.that(diff <= tol, "%s: max |diff| %.3g > %g" % (what, diff, tol))
-        return diff
-
+class Checks(rank_checks.Checks):
     def ranks_equal(self, what, tensors):
         """Every rank holds bitwise the same tensors (all_gather)."""
         flat = torch.cat([t.detach().reshape(-1).double() for t in tensors])
@@ -154,6 +140,7 @@ class Checks:
         diff = max(float((e - flat).abs().max()) for e in every)
         self.that(diff == 0, "%s: ranks differ by %.3g" % (what, diff))
         return diff
+
 
 
 def case_ddp_nosync(rank, c):
@@ -419,17 +406,7 @@ def main():
         except Exception as e:  # a case that crashes fails, the others still run
             c.that(False, "%s raised %s: %s" % (name, type(e).__name__, e))
         dist.barrier()
-    # Gloo's process group goes before the interpreter does (a torch 2.x
-    # process exiting with it alive can abort in a Gloo worker thread); the
-    # workers drain first, with the GIL released (torch 1.13's teardown).
-    dist.barrier()
-    time.sleep(0.2)
-    dist.destroy_process_group()
-    if c.failed:
-        say(rank, "%d checks failed" % len(c.failed))
-        return 1
-    say(rank, "OK %s" % " | ".join(done))
-    return 0
+    return c.finish(done)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ import argparse
 import contextlib
 import copy
 import itertools
+import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -48,13 +48,14 @@ import sfsync
 from sfsync import shard
 from sfsync import torch as sft
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rank_checks  # noqa: E402
+
 WINDOWS = (3, 2, 4)  # micro-batches per window: set_accumulation_steps between them
 TOL = 1e-6
 
 
-def say(rank, text):
-    sys.stderr.write("[rank %d] %s\n" % (rank, text))
-    sys.stderr.flush()
+say = rank_checks.say
 
 
 class Gate(torch.nn.Module):
@@ -165,21 +166,7 @@ class _Refs(dict):
         return self[key]
 
 
-class Checks:
-    def __init__(self, rank):
-        self.rank, self.failed = rank, []
-
-    def that(self, ok, text):
-        if not ok:
-            self.failed.append(text)
-            say(self.rank, "CHECK FAILED: " + text)
-        return ok
-
-    def close(self, what, a, b, tol=TOL):
-        diff = max(float((x.detach().double() - y.detach().double()).abs().max())
-                   for x, y in zip(a, b))
-        self.that(diff <= tol, "%s: max |diff| %.3g > %g" % (what, diff, tol))
-        return diff
+Checks = rank_checks.Checks
 
 
 def run_sync(rank, world, c, case, layout, clip, unused):
@@ -516,17 +503,7 @@ def main():
             GROUP.update(pg=pg, world=w, rank=rank, count=itertools.count())
             done.append("W=%d: %s" % (w, "; ".join(run_cases(rank, w, cases, c))))
         dist.barrier()
-    # Gloo's process group goes before the interpreter does (a torch 2.x
-    # process exiting with it alive can abort in a Gloo worker thread); the
-    # workers drain first, with the GIL released (torch 1.13's teardown).
-    dist.barrier()
-    time.sleep(0.2)
-    dist.destroy_process_group()
-    if c.failed:
-        say(rank, "%d checks failed" % len(c.failed))
-        return 1
-    say(rank, "OK %s" % " | ".join(done))
-    return 0
+    return c.finish(done)
 
 
 if __name__ == "__main__":

@@ -44,18 +44,9 @@ from sfsync.integrations.transformers import SfsyncTrainer  # noqa: E402
 # FW_CLIP=x sets max_grad_norm (0: no clipping: sharded-overlap is then 0 off DDP too)
 N, BATCH, SAMPLES, EPOCHS, LR, SEQ = 3, 2, 30, 2, 1e-3, 16
 CLIP = float(os.environ.get("FW_CLIP", 0.5))
-STEPS = 6
-BF16_TOL, BF16_REL = 2 * LR * STEPS, 5e-2
-# Sharded, W = 2: reduce-scatter 0.5x + the parameter all-gather 0.5x + by
-# default the gradient gather that makes .grad final at is_step() (0.5x);
-# overlap_step=True sends none (1x).
-SHARDED = (1.45, 1.60)
-# overlap_step=True clips with the optimizer's own global norm, accumulated in
-# float64 from the shards: it differs from torch's float32 norm of the
-# per-tensor norms in the last bits (7e-8 relative seen), and AdamW carries
-# that into the weights (up to 1.4e-6 seen on the GPT-2); without clipping
-# the case is 0 off DDP.
-OVERLAP_TOL = 5e-6
+STEPS = C.STEPS
+BF16_TOL, BF16_REL = C.bf16_tol(LR), C.BF16_REL
+SHARDED, OVERLAP_TOL = C.SHARDED, C.OVERLAP_TOL
 
 warnings.filterwarnings("ignore")
 transformers.logging.set_verbosity_error()
