@@ -870,6 +870,11 @@ class GradientSync(_WindowFace):
             if buffers and self.world_size > 1:
                 _broadcast_tensors(self.context, buffers)
 
+    @property
+    def sync_optimizer(self):
+        """The optimizer ``sync.optimizer(...)`` made (a SyncOptimizer), or None."""
+        return self._optimizer
+
     def optimizer(self, optimizer_class, params, overlap_gather=True, overlap_step=False,
                   **defaults):
         """``optimizer_class(params, **defaults)`` over this rank's shards

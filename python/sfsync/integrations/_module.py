@@ -63,9 +63,8 @@ class SyncedModule(torch.nn.Module):
 
 
 def sync_optimizer(sync):
-    """The optimizer made by ``sync.optimizer(...)``, or None. (GradientSync
-    keeps it in ``_optimizer``; no public name for it yet.)"""
-    return getattr(sync, "_optimizer", None)
+    """The optimizer made by ``sync.optimizer(...)``, or None."""
+    return getattr(sync, "sync_optimizer", None)  # (DDPSync has none: DDP steps)
 
 
 def synced(model):
