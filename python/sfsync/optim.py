@@ -75,6 +75,7 @@ rank's shard tensors gets their hyperparameters (lr, weight_decay, ...)
 before each step, as ZeroRedundancyOptimizer's local optimizer does.
 """
 
+import enum
 import io
 import math
 import weakref
@@ -83,9 +84,17 @@ import torch
 
 from sfsync import shard
 
-__all__ = ["SyncOptimizer"]
+__all__ = ["SyncOptimizer", "Phase"]
 
 _LOW = (torch.bfloat16, torch.float16)
+
+
+class Phase(enum.Enum):
+    """Where the optimizer is in the window's cycle."""
+    IDLE = "idle"                  # no window closed since the last step
+    REDUCING = "reducing"          # the window's collectives started, not all waited
+    SYNCHRONIZED = "synchronized"  # every bucket waited: gradients final
+    STEPPED = "stepped"            # sharded: stepped, its gathers started
 
 
 class _Slot:
@@ -161,7 +170,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             for g, slots in zip(self.inner.param_groups, self._full_groups)
         ] if self._sharded else None
         self._torch_optimizer_attributes()
-        self._phase = "idle"     # "reducing": started, not waited; "synchronized": waited
+        self._phase = Phase.IDLE
         self._waited = set()     # buckets waited this window
         self._gathering = set()  # buckets whose gather is in flight
         self._global_used = None
@@ -300,7 +309,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         every .grad is final when is_step() turns True."""
         self._gathering.clear()  # the plugin waits for last window's gathers itself
         shard.synchronize_start(self._sync.context)
-        self._phase = "reducing"
+        self._phase = Phase.REDUCING
         self._waited = set()
         self._global_used = None
         if not self.overlap_step:
@@ -309,9 +318,9 @@ class SyncOptimizer(torch.optim.Optimizer):
     def _window_starts(self):
         """A new window starts (forward at its start): a window that was
         closed without a step is synchronized now (the step is skipped)."""
-        if self._phase == "reducing":
+        if self._phase == Phase.REDUCING:
             self._synchronize()
-        self._phase = "idle"
+        self._phase = Phase.IDLE
 
     # -- waiting
 
@@ -335,12 +344,12 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._sharded and whole:
             shard.gather_gradients(sync.context)
         sync._after_synchronize()
-        self._phase = "synchronized"
+        self._phase = Phase.SYNCHRONIZED
 
     def wait_gradients(self):
         """Wait for every bucket's reduction now (the gradients are final:
         in a sharded context, this rank's ranges)."""
-        if self._phase == "reducing":
+        if self._phase == Phase.REDUCING:
             self._synchronize()
 
     def wait_parameters(self):
@@ -416,16 +425,16 @@ class SyncOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         sync = self._sync
-        if self._sharded and self._phase == "idle":
+        if self._sharded and self._phase == Phase.IDLE:
             raise RuntimeError("sfsync: opt.step() before synchronization: a sharded optimizer "
                                "steps once per window, after the window's last backward pass "
                                "(when sync.is_step() is True); the gradients of this rank's "
                                "shard are not reduced yet")
-        if self._phase == "stepped":
+        if self._phase == Phase.STEPPED:
             raise RuntimeError("sfsync: opt.step() was already called for window %d; step once "
                                "per window (when sync.is_step() is True)" % sync.windows)
         try:
-            if self._phase == "reducing" and not (self._sharded and sync._mask is not None):
+            if self._phase == Phase.REDUCING and not (self._sharded and sync._mask is not None):
                 self._step_per_bucket()
             else:
                 self.wait_gradients()
@@ -433,7 +442,7 @@ class SyncOptimizer(torch.optim.Optimizer):
                     self._step_bucket(b)
         finally:
             self._scale = None
-        self._phase = "stepped" if self._sharded else "idle"
+        self._phase = Phase.STEPPED if self._sharded else Phase.IDLE
         self.steps += 1
         return loss
 
