@@ -104,7 +104,7 @@ def check(ok, what):
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "SFSYNC_LIBRARY", "LD_LIBRARY_PATH", "PYTHONHOME",
-                        "LD_PRELOAD")}
+                        "LD_PRELOAD", "SFSYNC_LAYOUT_PROBE")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra)
     return env
