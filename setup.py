@@ -23,10 +23,13 @@ import sys
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
-try:
-    from wheel.bdist_wheel import bdist_wheel
-except ImportError:  # no wheel: `pip install` still works through setup.py
-    bdist_wheel = None
+try:  # setuptools >= 70.1 (PyPI's, under build isolation) has its own
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    try:  # Debian 12's setuptools 66 + python3-wheel (--no-build-isolation)
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheel: `pip install` still works through setup.py
+        bdist_wheel = None
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PIP_DIR = os.path.join(ROOT, "build-pip")
@@ -103,8 +106,20 @@ if bdist_wheel is not None:
             return "py3", "none", plat
     cmdclass["bdist_wheel"] = PlatformWheel
 
+def license_metadata():
+    """Apache-2.0 as an SPDX expression (PEP 639) where setuptools knows them
+    (>= 77: PyPI's, under build isolation; the TOML-table form is deprecated
+    there), as the old License field for Debian 12's setuptools 66."""
+    import setuptools
+    major = int(re.match(r"\d+", setuptools.__version__).group(0))
+    if major >= 77:
+        return {"license_expression": "Apache-2.0", "license_files": ["LICENSE"]}
+    return {"license": "Apache-2.0"}
+
+
 os.makedirs(PIP_DIR, exist_ok=True)
 setup(
+    **license_metadata(),
     version=project_version(),
     packages=["sfsync"],
     package_dir={"": "python"},

@@ -17,6 +17,7 @@ packages=(
   python3-matplotlib                  # benchmark and trace plots (bench/, scripts/)
   python3-setuptools python3-wheel    # pip install . / the wheel, offline (pyproject.toml)
   python3-pip python3-venv python3-build  # the pip and wheel test (tests/python/test_pip_install.py)
+  debootstrap                         # the manylinux wheel's minimal-root smoke test (tests/python/test_wheel.py)
   clang-14 libclang-rt-14-dev         # libFuzzer targets (tests/fuzz: ctest -L fuzz)
   openmpi-bin                         # mpirun for the launcher tests (mpi:// loads libmpi.so.40)
   slurm-wlm munge                     # a single-node Slurm for the launcher tests (srun -n 2)
