@@ -1,5 +1,8 @@
 #include "plugin/backend/gloo_backend.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <future>
 
 #include <gloo/allreduce.h>
@@ -113,10 +116,34 @@ void GlooBackend::connect() {
   ringScratch_.resize(lanes_);
 }
 
+namespace {
+// Gloo 0.5's device walks getaddrinfo's result without checking its status:
+// a name that does not resolve gives an enforce failure at best, and where
+// the lookup fails otherwise (no route to a resolver: a container without
+// /etc/hosts, a network namespace) a SIGSEGV in every rank. Asked here first.
+void requireResolvable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  const int rv = ::getaddrinfo(host.c_str(), nullptr, &hints, &result);
+  const bool found = rv == 0 && result != nullptr;
+  if (result != nullptr) ::freeaddrinfo(result);
+  if (!found) {
+    fail(SF_ERR_BACKEND, "gloo connect: this host's name '" + host + "' does not resolve (" +
+                             (rv != 0 ? ::gai_strerror(rv) : "no address") +
+                             "): set SF_GLOO_HOSTNAME to an address of this host that the "
+                             "other ranks can reach (127.0.0.1 for a job on one machine)");
+  }
+}
+}  // namespace
+
 void GlooBackend::connectHere() {
   store_ = rendezvous_->store();
+  const std::string host = localHostname(opts_);
+  requireResolvable(host);
   glooCall("connect", [&] {
-    gloo::transport::tcp::attr attr(localHostname(opts_).c_str());
+    gloo::transport::tcp::attr attr(host.c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
     // Our own full-mesh connect: Gloo's waits 5 x timeout for a silent peer.
     context_ = connectMesh(*store_, device);
