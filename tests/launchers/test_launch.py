@@ -143,7 +143,8 @@ def check_module_under_mpirun(mpirun):
     failures = 0
     for r in (0, 1):
         for want in ("launch: launcher=openmpi rank=%d world=2 local_rank=%d rendezvous=mpi://"
-                     % (r, r), "library: rank=%d world=2 local_rank=%d rendezvous=mpi://" % (r, r)):
+                     % (r, r), "rank_vars: OMPI_COMM_WORLD_RANK=%d, OMPI_COMM_WORLD_SIZE=2, "
+                     "OMPI_COMM_WORLD_LOCAL_RANK=%d\n" % (r, r)):
             if want not in text:
                 print("FAIL python3 -m sfsync under mpirun: %r missing from\n%s" % (want, text))
                 failures += 1

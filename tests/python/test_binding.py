@@ -400,8 +400,8 @@ class Loading(unittest.TestCase):
             r = subprocess.run([sys.executable, "-m", "sfsync"], cwd="/", env=env,
                                capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertIn("from %s" % os.path.join(tmp, "lib", "libsfsync.so.1"), r.stdout)
-            self.assertIn("sfsync %s" % sfsync.version(), r.stdout)
+            self.assertIn("library: %s\n" % os.path.join(tmp, "lib", "libsfsync.so.1"), r.stdout)
+            self.assertIn("version: %s\n" % sfsync.version(), r.stdout)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
