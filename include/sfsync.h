@@ -845,6 +845,77 @@ SF_API sf_status sf_gather_gradients(sf_context* ctx);
  */
 SF_API sf_status sf_allreduce_float64(sf_context* ctx, double* values, int64_t count);
 
+/* ---- Launcher discovery (Since 0.4) -------------------------------------
+ *
+ * What sf_options_init takes from the launchers' environment (rank
+ * variables and meeting point, README "Launchers"), as a report for people
+ * and tools: `sfsync-run --discover`, `python3 -m sfsync` and
+ * sfsync.launch.discover() print this one answer. The same code fills
+ * sf_options_init's rank, world_size, local_rank and rendezvous.
+ */
+
+/** Size of each text field of sf_launch_info, terminating NUL included. */
+#define SF_LAUNCH_TEXT_MAX 1024
+/** Size of sf_launch_info.launcher, terminating NUL included. */
+#define SF_LAUNCHER_NAME_MAX 16
+
+/** Filled by sf_discover_launcher (struct_size first; fields only ever
+ *  appended). Every text field is NUL-terminated; a longer text is cut to
+ *  fit, ending in "..." (then `truncated` is 1). Since 0.4. */
+typedef struct sf_launch_info {
+  uint64_t struct_size; /* sizeof(sf_launch_info) as the caller knows it */
+  int32_t rank;         /* what sf_options_init puts in sf_options.rank */
+  int32_t world_size;   /* ... in sf_options.world_size */
+  int32_t local_rank;   /* ... in sf_options.local_rank (0 when the launcher gives none) */
+  int32_t truncated;    /* 1 when a text field below was cut to fit, else 0 */
+  /** "none" (no group set), "sfsync" (SF_RANK...), "torchrun" (RANK...),
+   *  "openmpi", "pmi" (MPICH/Intel MPI) or "slurm": the group that won. */
+  char launcher[SF_LAUNCHER_NAME_MAX];
+  /** The group's variables as read, e.g. "OMPI_COMM_WORLD_RANK=1,
+   *  OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_LOCAL_RANK=1" ("" for none). */
+  char rank_vars[SF_LAUNCH_TEXT_MAX];
+  /** The meeting point: what sf_options_init puts in sf_options.rendezvous
+   *  ("" for none: a world of one, or `error` / `unmet` set). */
+  char rendezvous[SF_RENDEZVOUS_MAX];
+  /** Where the meeting point came from, for people, e.g. "MASTER_ADDR=h,
+   *  MASTER_PORT unset (29500)" ("" when there is none). */
+  char meeting[SF_LAUNCH_TEXT_MAX];
+  /** Non-empty: contradictory or malformed variables (a group with only its
+   *  rank or only its size, a non-number, a rank not below the size, a bad
+   *  Slurm node list, an SF_RENDEZVOUS that does not fit): the message
+   *  sf_options_init fails with (SF_ERR_INVALID_ARGUMENT). rank, world_size
+   *  and local_rank then hold what sf_options_init leaves there. */
+  char error[SF_LAUNCH_TEXT_MAX];
+  /** Non-empty: a world above one with no meeting point; the message
+   *  sf_create and sf_default_context fail with (SF_ERR_INVALID_ARGUMENT),
+   *  naming the variables. sf_options_init itself succeeds then. */
+  char unmet[SF_LAUNCH_TEXT_MAX];
+} sf_launch_info;
+
+/**
+ * Report what sf_options_init would discover from the launchers'
+ * variables, by the same code: launcher, rank variables, rank, world size,
+ * local rank, meeting point and where it came from, and the error or
+ * "unmet" message (see sf_launch_info). Under an MPI launcher with a world
+ * above one and no MASTER_ADDR / SF_RENDEZVOUS, libmpi is loaded to see
+ * whether "mpi://" can serve (as sf_options_init does); MPI is not
+ * initialized and nothing is communicated.
+ * @param out receives the report: min(struct_size, sizeof(sf_launch_info))
+ *        bytes are written, and out->struct_size is set to struct_size.
+ * @param struct_size the caller's sizeof(sf_launch_info); smaller than the
+ *        0.4 size (4392 bytes) is SF_ERR_INVALID_ARGUMENT.
+ * @param env NULL: this process's environment (getenv, what sf_options_init
+ *        reads); else a NULL-terminated array of "NAME=VALUE" strings, as
+ *        execve's envp (the first entry of a name wins; an entry without '='
+ *        is ignored; SF_MPI_LIBRARY is read from it too). Not kept.
+ * @return SF_OK whenever the report is filled, even when it holds an error
+ *         or unmet message (those are the findings, not a failure of this
+ *         call); SF_ERR_INVALID_ARGUMENT for a NULL `out` or a too-small
+ *         struct_size. Thread-safe (with env = NULL, as getenv). Since 0.4.
+ */
+SF_API sf_status sf_discover_launcher(sf_launch_info* out, uint64_t struct_size,
+                                      const char* const* env);
+
 #ifdef __cplusplus
 }
 #endif

@@ -421,4 +421,9 @@ sf_status sf_allreduce_float64(sf_context* ctx, double* values, int64_t count) {
   return guard("sf_allreduce_float64", [&] { checked(ctx).allreduceFloat64(values, count); });
 }
 
+sf_status sf_discover_launcher(sf_launch_info* out, uint64_t struct_size, const char* const* env) {
+  return guard("sf_discover_launcher",
+               [&] { sfsync::discoverLaunchInfo(checked(out, "out"), struct_size, env); });
+}
+
 }  // extern "C"

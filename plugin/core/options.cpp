@@ -1,5 +1,6 @@
 #include "plugin/core/options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstddef>
@@ -54,6 +55,18 @@ static_assert(offsetof(sf_stats, reduce_scatters) == 112, "sf_stats 0.3");
 static_assert(offsetof(sf_stats, all_gathers) == 120, "sf_stats 0.3");
 static_assert(offsetof(sf_stats, bytes_gathered) == 128, "sf_stats 0.3");
 static_assert(sizeof(sf_stats) == 136, "sf_stats 0.3");
+static_assert(sizeof(sf_launch_info) == kLaunchInfoV1Size, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, struct_size) == 0, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, rank) == 8, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, world_size) == 12, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, local_rank) == 16, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, truncated) == 20, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, launcher) == 24, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, rank_vars) == 40, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, rendezvous) == 1064, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, meeting) == 1320, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, error) == 2344, "sf_launch_info 0.4");
+static_assert(offsetof(sf_launch_info, unmet) == 3368, "sf_launch_info 0.4");
 
 namespace {
 
@@ -175,21 +188,90 @@ bool knownRendezvous(const char* url) {
 
 }  // namespace
 
+LauncherEnv launcherFromEnvironment(const EnvLookup& env) {
+  LauncherEnv l = discoverLauncher(env, [&](const std::string& launcher) {
+    const char* setting = env("SF_MPI_LIBRARY");
+    return mpiProbe(launcher, setting && *setting ? setting : nullptr);
+  });
+  if (!l.error.empty()) {  // sf_options_init applies none of the rank variables then
+    l.rank = 0;
+    l.worldSize = 1;
+    l.localRank = 0;
+    l.rendezvous.clear();
+    l.meeting.clear();
+  } else if (l.rendezvous.size() >= SF_RENDEZVOUS_MAX) {  // the rank variables still apply
+    l.error = "environment variable SF_RENDEZVOUS='" + l.rendezvous + "' is not shorter than " +
+              std::to_string(SF_RENDEZVOUS_MAX) + " bytes";
+    l.rendezvous.clear();
+    l.meeting.clear();
+  }
+  return l;
+}
+
 LauncherEnv launcherFromEnvironment() {
-  return discoverLauncher([](const char* name) { return std::getenv(name); }, mpiProbe);
+  return launcherFromEnvironment([](const char* name) { return std::getenv(name); });
+}
+
+namespace {
+
+// Copies `text` into the fixed field `dst` of `size` bytes, cut to fit with
+// "..." at the end; true when it was cut.
+bool copyText(char* dst, size_t size, const std::string& text) {
+  if (text.size() < size) {
+    std::memcpy(dst, text.c_str(), text.size() + 1);
+    return false;
+  }
+  const size_t keep = size - 4;  // room for "..." and the NUL
+  std::memcpy(dst, text.data(), keep);
+  std::memcpy(dst + keep, "...", 4);
+  return true;
+}
+
+// The value of `name` in an envp-style array: the first "name=" entry wins,
+// as getenv's does.
+const char* envpLookup(const char* const* envp, const char* name) {
+  const size_t n = std::strlen(name);
+  for (const char* const* e = envp; *e; ++e) {
+    if (std::strncmp(*e, name, n) == 0 && (*e)[n] == '=') return *e + n + 1;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void discoverLaunchInfo(sf_launch_info& out, uint64_t structSize, const char* const* envp) {
+  if (structSize < kLaunchInfoV1Size) {
+    fail(SF_ERR_INVALID_ARGUMENT, "struct_size = " + std::to_string(structSize) +
+                                      " is smaller than sizeof(sf_launch_info) = " +
+                                      std::to_string(kLaunchInfoV1Size) + " of sfsync 0.4");
+  }
+  const LauncherEnv l =
+      envp ? launcherFromEnvironment([envp](const char* name) { return envpLookup(envp, name); })
+           : launcherFromEnvironment();
+  sf_launch_info info;
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = structSize;
+  info.rank = l.rank;
+  info.world_size = l.worldSize;
+  info.local_rank = l.localRank;
+  bool cut = copyText(info.launcher, sizeof info.launcher, l.launcher);
+  cut |= copyText(info.rank_vars, sizeof info.rank_vars, l.rankVars);
+  cut |= copyText(info.rendezvous, sizeof info.rendezvous, l.rendezvous);
+  cut |= copyText(info.meeting, sizeof info.meeting, l.meeting);
+  cut |= copyText(info.error, sizeof info.error, l.error);
+  cut |= copyText(info.unmet, sizeof info.unmet, l.unmet);
+  info.truncated = cut ? 1 : 0;
+  std::memcpy(&out, &info, size_t(std::min<uint64_t>(structSize, sizeof info)));
 }
 
 void optionsFromEnvironment(sf_options& o) {
   setDefaults(o);
   EnvReader env;
   const LauncherEnv launch = launcherFromEnvironment();
-  if (!launch.error.empty()) {
-    env.firstError = launch.error;
-  } else {
-    o.rank = launch.rank;
-    o.world_size = launch.worldSize;
-    o.local_rank = launch.localRank;
-  }
+  if (!launch.error.empty()) env.firstError = launch.error;
+  o.rank = launch.rank;  // the defaults when the rank variables are in error
+  o.world_size = launch.worldSize;
+  o.local_rank = launch.localRank;
   static const char* const kBackends[] = {"auto", "gloo", "nccl"};
   env.readChoice("SF_BACKEND", o.backend, kBackends, 3);
   static const char* const kReduce[] = {"average", "sum", "prescaled_sum"};
@@ -206,14 +288,7 @@ void optionsFromEnvironment(sf_options& o) {
   if (wire == 2) o.wire_dtype = SF_DTYPE_FLOAT16;
   static const char* const kShard[] = {"none", "flat", "parameter"};
   env.readChoice("SF_SHARD", o.shard_layout, kShard, 3);
-  const char* rdv = launch.rendezvous.empty() ? nullptr : launch.rendezvous.c_str();
-  if (rdv) {
-    if (std::strlen(rdv) >= SF_RENDEZVOUS_MAX) {
-      env.bad("SF_RENDEZVOUS", rdv, "shorter than 256 bytes");
-    } else {
-      std::strcpy(o.rendezvous, rdv);
-    }
-  }
+  std::strcpy(o.rendezvous, launch.rendezvous.c_str());  // fits: launcherFromEnvironment checks
   if (!env.firstError.empty()) fail(SF_ERR_INVALID_ARGUMENT, env.firstError);
 }
 

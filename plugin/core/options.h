@@ -19,6 +19,8 @@ namespace sfsync {
 // layout field by field (static_assert + offsetof).
 constexpr uint64_t kOptionsV1Size = 320;
 constexpr uint64_t kStatsV1Size = 112;
+// sf_launch_info as first published (0.4), frozen the same way.
+constexpr uint64_t kLaunchInfoV1Size = 4392;
 
 constexpr double kDefaultBucketCapMb = 25.0;
 constexpr double kDefaultFirstBucketCapMb = 1.0;
@@ -26,9 +28,22 @@ constexpr int64_t kDefaultTimeoutMs = 300000;
 constexpr int32_t kDefaultMaxInflight = 4;
 constexpr int32_t kMaxInflightLimit = 16;
 
-// What the launchers' variables of this process say (discoverLauncher over
-// getenv, with the real MPI probe).
+// What sf_options_init takes from the launchers' variables: discoverLauncher
+// over `env` with the real MPI probe (SF_MPI_LIBRARY read from `env` too),
+// plus the options' own limit (a rendezvous that does not fit
+// sf_options.rendezvous is an error). With `error` set from the rank
+// variables, rank, worldSize and localRank are the defaults (0, 1, 0): what
+// sf_options_init leaves in the struct. The one discovery behind
+// sf_options_init, sf_create's "unmet" message and sf_discover_launcher.
+LauncherEnv launcherFromEnvironment(const EnvLookup& env);
+// The same over this process's environment (getenv).
 LauncherEnv launcherFromEnvironment();
+
+// sf_discover_launcher: launcherFromEnvironment over `env` (NULL: getenv;
+// else an envp-style "NAME=VALUE" array, NULL-terminated) into the caller's
+// struct of `structSize` bytes (at least kLaunchInfoV1Size, else
+// SF_ERR_INVALID_ARGUMENT).
+void discoverLaunchInfo(sf_launch_info& out, uint64_t structSize, const char* const* env);
 
 // Fills `opts` (full size) with defaults, then the environment. Throws
 // sfsync::Error naming the first variable that does not parse, after applying

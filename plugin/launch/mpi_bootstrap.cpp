@@ -62,29 +62,27 @@ struct Mpi {
   }
 };
 
-std::vector<std::string> candidates(const std::string& launcher) {
-  if (const char* v = std::getenv("SF_MPI_LIBRARY")) {
-    if (*v) return {v};
-  }
+std::vector<std::string> candidates(const std::string& launcher, const char* setting) {
+  if (setting && *setting) return {setting};
   if (launcher == "openmpi") return {"libmpi.so.40", "libmpi.so"};
   return {"libmpi.so.12", "libmpich.so.12", "libmpi.so"};
 }
 
-// Loads libmpi once per launcher kind; `why` says why not.
-Mpi* loadMpi(const std::string& launcher, std::string& why) {
+// Loads libmpi once per launcher kind; `why` says why not. `setting`: the
+// value of SF_MPI_LIBRARY (nullptr when unset).
+Mpi* loadMpi(const std::string& launcher, const char* setting, std::string& why) {
   static std::mutex m;
   static Mpi loaded;
   std::lock_guard<std::mutex> lock(m);
   // SF_MPI_LIBRARY is read on every call: a library loaded before does not
   // override a later "none" or another name.
-  const char* setting = std::getenv("SF_MPI_LIBRARY");
   if (setting && std::strcmp(setting, "none") == 0) {
     why = "SF_MPI_LIBRARY=none";
     return nullptr;
   }
   if (loaded.lib && (!setting || !*setting || loaded.name == setting)) return &loaded;
   std::string tried;
-  for (const auto& name : candidates(launcher)) {
+  for (const auto& name : candidates(launcher, setting)) {
     void* lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
     if (!lib) lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL);
     if (!lib) {
@@ -138,7 +136,7 @@ void finalizeAtExit() {
 
 MeetingAddress bootstrapOnce(int rank, int worldSize, std::chrono::milliseconds timeout) {
   std::string why;
-  Mpi* mpi = loadMpi(launcherOfEnvironment(), why);
+  Mpi* mpi = loadMpi(launcherOfEnvironment(), std::getenv("SF_MPI_LIBRARY"), why);
   if (!mpi) fail(SF_ERR_BACKEND, "rendezvous mpi://: " + why);
   int initialized = 0, finalized = 0;
   mpi->initialized(&initialized);
@@ -199,9 +197,9 @@ MeetingAddress bootstrapOnce(int rank, int worldSize, std::chrono::milliseconds 
 
 }  // namespace
 
-std::string mpiProbe(const std::string& launcher) {
+std::string mpiProbe(const std::string& launcher, const char* setting) {
   std::string why;
-  return loadMpi(launcher, why) ? "" : why;
+  return loadMpi(launcher, setting, why) ? "" : why;
 }
 
 MeetingAddress mpiBootstrap(int rank, int worldSize, std::chrono::milliseconds timeout) {

@@ -18,9 +18,10 @@
 namespace sfsync {
 
 // "" when libmpi for `launcher` ("openmpi" or "pmi") loads, else why not.
-// Loads the library (RTLD_GLOBAL, kept for the life of the process) but does
-// not initialize MPI.
-std::string mpiProbe(const std::string& launcher);
+// `setting` is SF_MPI_LIBRARY's value (nullptr when unset), from whichever
+// environment the caller discovers (options.h). Loads the library
+// (RTLD_GLOBAL, kept for the life of the process) but does not initialize MPI.
+std::string mpiProbe(const std::string& launcher, const char* setting);
 
 struct MeetingAddress {
   std::string host;

@@ -13,8 +13,8 @@
 //
 //   sfsync-run --discover          (alone, or under mpirun / srun / sfsync-run)
 //
-// prints what sfsync discovers in this process's environment, by the
-// library's own rules (plugin/launch/launcher_env.h): launcher, rank, world,
+// prints what sfsync discovers in this process's environment, from the
+// library itself (sf_discover_launcher, the code behind sf_options_init): launcher, rank, world,
 // local rank and meeting point, or the error sf_options_init / sf_create
 // would give; exit status 0, or 2 for an error.
 
@@ -38,8 +38,8 @@
 
 #include <cxxopts.hpp>
 
-#include "plugin/core/options.h"
 #include "plugin/tools/free_port.h"
+#include "sfsync.h"
 
 namespace {
 
@@ -104,18 +104,23 @@ void emit(Stream& s, bool prefix, bool flushPartial) {
   std::fflush(s.out);
 }
 
-// --discover: one line, as launch.describe() in Python prints it.
+// --discover: one line from the library's sf_discover_launcher (the code
+// sf_options_init runs), the line sfsync.launch.describe() prints in Python.
 int printDiscovery() {
-  const sfsync::LauncherEnv l = sfsync::launcherFromEnvironment();
-  std::printf("sfsync-run: launcher=%s rank=%d world=%d local_rank=%d", l.launcher.c_str(), l.rank,
-              l.worldSize, l.localRank);
-  const std::string& error = l.error.empty() ? l.unmet : l.error;
-  if (!error.empty()) {
-    std::printf(" ERROR: %s\n", error.c_str());
+  sf_launch_info l;
+  if (sf_discover_launcher(&l, sizeof l, nullptr) != SF_OK) {
+    std::fprintf(stderr, "sfsync-run: %s\n", sf_last_error());
     return 2;
   }
-  std::printf(" rendezvous=%s (%s)\n", l.rendezvous.empty() ? "none" : l.rendezvous.c_str(),
-              l.meeting.empty() ? "a world of one meets nobody" : l.meeting.c_str());
+  std::printf("sfsync-run: launcher=%s rank=%d world=%d local_rank=%d", l.launcher, l.rank,
+              l.world_size, l.local_rank);
+  const char* error = l.error[0] ? l.error : l.unmet;
+  if (error[0]) {
+    std::printf(" ERROR: %s\n", error);
+    return 2;
+  }
+  std::printf(" rendezvous=%s (%s)\n", l.rendezvous[0] ? l.rendezvous : "none",
+              l.meeting[0] ? l.meeting : "a world of one meets nobody");
   return 0;
 }
 

@@ -1,6 +1,7 @@
 """sfsync: data-parallel gradient synchronization exactly once per
 gradient-accumulation window. The ctypes binding of the whole C ABI
-(include/sfsync.h); the PyTorch integration is ``sfsync.torch``.
+(include/sfsync.h: every function and struct declared once, with its Since
+version, in ``sfsync._abi``); the PyTorch integration is ``sfsync.torch``.
 
 Two layers:
 
@@ -49,51 +50,10 @@ __all__ = [
     "LOG_NONE", "LOG_WARN", "LOG_INFO", "LOG_TRACE",
 ]
 
-#: The SF_ABI_VERSION this module mirrors (include/sfsync.h).
-ABI_VERSION = 1
-
-# ---- Constants (include/sfsync.h; never renumbered) ------------------------
-
-OK = 0
-ERR_INVALID_ARGUMENT = 1
-ERR_INVALID_STATE = 2
-ERR_MISMATCH = 3
-ERR_BACKEND = 4
-ERR_TIMEOUT = 5
-ERR_UNSUPPORTED = 6
-ERR_OUT_OF_MEMORY = 7
-ERR_INTERNAL = 8
-
-DTYPE_FLOAT32 = 0
-DTYPE_FLOAT64 = 1
-DTYPE_FLOAT16 = 2
-DTYPE_BFLOAT16 = 3
-
-DEVICE_HOST = 0
-DEVICE_CUDA = 1
-
-REDUCE_AVERAGE = 0
-REDUCE_SUM = 1
-REDUCE_PRESCALED_SUM = 2
-
-BACKEND_AUTO = 0
-BACKEND_GLOO = 1
-BACKEND_NCCL = 2
-
-SHARD_NONE = 0       # since 0.3
-SHARD_FLAT = 1
-SHARD_PARAMETER = 2
-
-RENDEZVOUS_MAX = 256
-
-LOG_NONE = 0
-LOG_WARN = 1
-LOG_INFO = 2
-LOG_TRACE = 3
-
-STORE_OK = 0
-STORE_TIMEOUT = 1
-STORE_ERROR = 2
+# The one binding (constants, structs, prototypes with their Since): _abi.py.
+from sfsync import _abi
+from sfsync._abi import *  # noqa: F401,F403 - the header's names, re-exported
+from sfsync._abi import _ContextPtr, _ContextStruct, _STATUS  # noqa: F401
 
 STATUS_NAMES = {
     OK: "SF_OK",
@@ -195,178 +155,16 @@ class LibraryLoadError(ImportError):
     """libsfsync could not be found or loaded, or its ABI version differs."""
 
 
-# ---- Structs (exact mirrors: same field order and C types) ------------------
-
-
-class Options(ctypes.Structure):
-    """sf_options. Fill with ``options()`` (sf_options_init), never by hand."""
-
-    _fields_ = [
-        ("struct_size", ctypes.c_uint64),
-        ("rank", ctypes.c_int32),
-        ("world_size", ctypes.c_int32),
-        ("local_rank", ctypes.c_int32),
-        ("backend", ctypes.c_int32),
-        ("reduce_op", ctypes.c_int32),
-        ("reserved0", ctypes.c_int32),
-        ("prescale", ctypes.c_double),
-        ("bucket_cap_mb", ctypes.c_double),
-        ("first_bucket_cap_mb", ctypes.c_double),
-        ("timeout_ms", ctypes.c_int64),
-        ("rendezvous", ctypes.c_char * RENDEZVOUS_MAX),
-        ("max_inflight", ctypes.c_int32),  # since 0.2
-        ("wire_dtype", ctypes.c_int32),    # since 0.2
-        ("shard_layout", ctypes.c_int32),  # since 0.3
-        ("reserved1", ctypes.c_int32),     # since 0.3
-    ]
-
-    def to_dict(self):
-        """Every field but struct_size and reserved0; rendezvous as str."""
-        out = {}
-        for name, _ in self._fields_:
-            if name in ("struct_size", "reserved0", "reserved1"):
-                continue
-            value = getattr(self, name)
-            out[name] = value.decode() if isinstance(value, bytes) else value
-        return out
-
-
-class Stats(ctypes.Structure):
-    """sf_stats: counters since the context was created."""
-
-    _fields_ = [
-        ("struct_size", ctypes.c_uint64),
-        ("windows_begun", ctypes.c_int64),
-        ("windows_completed", ctypes.c_int64),
-        ("deferred_passes", ctypes.c_int64),
-        ("deferred_ready_calls", ctypes.c_int64),
-        ("collectives_issued", ctypes.c_int64),
-        ("early_launches", ctypes.c_int64),
-        ("bytes_reduced", ctypes.c_int64),
-        ("bucket_count", ctypes.c_int64),
-        ("largest_bucket_bytes", ctypes.c_int64),
-        ("smallest_bucket_bytes", ctypes.c_int64),
-        ("gradient_count", ctypes.c_int64),
-        ("gradient_bytes", ctypes.c_int64),
-        ("sync_ns_total", ctypes.c_int64),
-        ("reduce_scatters", ctypes.c_int64),  # since 0.3
-        ("all_gathers", ctypes.c_int64),      # since 0.3
-        ("bytes_gathered", ctypes.c_int64),   # since 0.3
-    ]
-
-    def to_dict(self):
-        """Every counter (all fields but struct_size) as a dict of ints."""
-        return {name: int(getattr(self, name)) for name, _ in self._fields_
-                if name != "struct_size"}
-
-
-#: The keys of Context.stats().
-STATS_KEYS = tuple(name for name, _ in Stats._fields_ if name != "struct_size")
-
-
-#: int32_t (*set)(void* user, const char* key, const void* value, uint64_t bytes)
-STORE_SET_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p,
-                                ctypes.c_uint64)
-#: int32_t (*get)(void* user, const char* key, int64_t timeout_ms, void* buffer,
-#:                uint64_t capacity, uint64_t* bytes)
-STORE_GET_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64,
-                                ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64))
-
-
-class Store(ctypes.Structure):
-    """sf_store: the host's key-value store as two callbacks (Since 0.2).
-    Fill with sf_store_init; ``Context.set_store`` builds one from Python
-    callables."""
-
-    _fields_ = [
-        ("struct_size", ctypes.c_uint64),
-        ("user", ctypes.c_void_p),
-        ("set", STORE_SET_FN),
-        ("get", STORE_GET_FN),
-    ]
-
-
-class _ContextStruct(ctypes.Structure):
-    """The opaque struct sf_context: only ever handled through a pointer."""
-
-
-_ContextPtr = ctypes.POINTER(_ContextStruct)
-
 # ---- Loading ---------------------------------------------------------------
 
-_STATUS = "sf_status"  # an int32_t that the binding turns into an exception when != 0
-_c = ctypes
-# name -> (restype, argtypes). Every function of include/sfsync.h.
-_PROTOTYPES = {
-    "sf_abi_version": (_c.c_int32, []),
-    "sf_version_number": (_c.c_int32, []),
-    "sf_version_string": (_c.c_char_p, []),
-    "sf_status_string": (_c.c_char_p, [_STATUS]),
-    "sf_last_error": (_c.c_char_p, []),
-    "sf_options_init": (_STATUS, [_c.POINTER(Options), _c.c_uint64]),
-    "sf_create": (_STATUS, [_c.POINTER(Options), _c.POINTER(_ContextPtr)]),
-    "sf_destroy": (None, [_ContextPtr]),
-    "sf_default_context": (_STATUS, [_c.POINTER(_ContextPtr)]),
-    "sf_get_options": (_STATUS, [_ContextPtr, _c.POINTER(Options)]),
-    "sf_set_bucket_cap_mb": (_STATUS, [_ContextPtr, _c.c_double]),
-    "sf_set_first_bucket_cap_mb": (_STATUS, [_ContextPtr, _c.c_double]),
-    "sf_register_gradient": (_STATUS, [_ContextPtr, _c.c_void_p, _c.c_int64, _c.c_int32,
-                                       _c.c_int32, _c.c_char_p, _c.POINTER(_c.c_int64)]),
-    "sf_add_gradient": (_STATUS, [_ContextPtr, _c.c_int64, _c.c_int32, _c.c_int32, _c.c_char_p,
-                                  _c.POINTER(_c.c_int64)]),
-    "sf_build_buckets": (_STATUS, [_ContextPtr]),
-    "sf_gradient_data": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_void_p)]),
-    "sf_zero_gradients": (_STATUS, [_ContextPtr]),
-    "sf_begin_accumulation": (_STATUS, [_ContextPtr]),
-    "sf_end_accumulation": (_STATUS, [_ContextPtr]),
-    "sf_in_accumulation": (_c.c_int32, [_ContextPtr]),
-    "sf_grad_ready": (_STATUS, [_ContextPtr, _c.c_int64]),
-    "sf_synchronize": (_STATUS, [_ContextPtr]),
-    "sf_get_stats": (_STATUS, [_ContextPtr, _c.POINTER(Stats)]),
-    "sf_bucket_info": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_int64),
-                                 _c.POINTER(_c.c_int64), _c.POINTER(_c.c_int32)]),
-    "sf_backend_available": (_STATUS, [_c.c_int32]),
-    "sf_set_cuda_stream": (_STATUS, [_ContextPtr, _c.c_void_p]),
-    "sf_adopt_nccl_comm": (_STATUS, [_ContextPtr, _c.c_void_p]),
-    # Since 0.2
-    "sf_log_level": (_c.c_int32, []),
-    "sf_log": (None, [_c.c_int32, _c.c_char_p, _c.c_char_p]),
-    "sf_store_init": (_STATUS, [_c.POINTER(Store), _c.c_uint64]),
-    "sf_set_store": (_STATUS, [_ContextPtr, _c.POINTER(Store), _c.c_char_p]),
-    "sf_connect": (_STATUS, [_ContextPtr]),
-    "sf_broadcast": (_STATUS, [_ContextPtr, _c.c_void_p, _c.c_uint64, _c.c_int32]),
-    "sf_digest": (_STATUS, [_c.c_void_p, _c.c_uint64, _c.c_uint64, _c.POINTER(_c.c_uint64)]),
-    "sf_digest_gradients": (_STATUS, [_ContextPtr, _c.POINTER(_c.c_uint64)]),
-    "sf_check_replicas": (_STATUS, [_ContextPtr, _c.c_uint64]),
-    # Since 0.3
-    "sf_set_shard_layout": (_STATUS, [_ContextPtr, _c.c_int32]),
-    "sf_register_parameter": (_STATUS, [_ContextPtr, _c.c_int64, _c.c_void_p, _c.c_int64,
-                                        _c.c_int32, _c.c_int32]),
-    "sf_parameter_data": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_void_p)]),
-    "sf_shard_range": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_int64),
-                                 _c.POINTER(_c.c_int64)]),
-    "sf_gradient_bucket": (_STATUS, [_ContextPtr, _c.c_int64, _c.POINTER(_c.c_int64)]),
-    "sf_synchronize_start": (_STATUS, [_ContextPtr]),
-    "sf_wait_bucket": (_STATUS, [_ContextPtr, _c.c_int64]),
-    "sf_start_gather": (_STATUS, [_ContextPtr, _c.c_int64]),
-    "sf_wait_gather": (_STATUS, [_ContextPtr, _c.c_int64]),
-    "sf_gather_parameters": (_STATUS, [_ContextPtr]),
-    "sf_allreduce_float64": (_STATUS, [_ContextPtr, _c.POINTER(_c.c_double), _c.c_int64]),
-    # since 0.4
-    "sf_gather_gradients": (_STATUS, [_ContextPtr]),
-}
-#: Functions added in 0.2: a 0.1 library (same ABI version) lacks them; they
-#: then raise UnsupportedError when called instead of failing the load.
-SINCE_0_2 = ("sf_log_level", "sf_log", "sf_store_init", "sf_set_store", "sf_connect",
-             "sf_broadcast", "sf_digest", "sf_digest_gradients", "sf_check_replicas")
-#: Functions added in 0.3: missing from a 0.2 library, handled the same way.
-SINCE_0_3 = ("sf_set_shard_layout", "sf_register_parameter", "sf_parameter_data",
-             "sf_shard_range", "sf_gradient_bucket", "sf_synchronize_start", "sf_wait_bucket",
-             "sf_start_gather", "sf_wait_gather", "sf_gather_parameters", "sf_allreduce_float64")
-#: Functions added in 0.4: missing from a 0.3 library, handled the same way.
-SINCE_0_4 = ("sf_gather_gradients",)
-#: The names of the bound functions (the ABI: tests compare with the header).
-FUNCTIONS = tuple(sorted(_PROTOTYPES))
+#: name -> (restype, argtypes) of every function (from _abi.PROTOTYPES).
+_PROTOTYPES = {name: (p.restype, p.argtypes) for name, p in PROTOTYPES.items()}
+#: Functions added after 0.1, by version: a library older than that (same
+#: ABI version) lacks them; they then raise UnsupportedError when called
+#: instead of failing the load.
+SINCE_0_2 = _abi.since("0.2")
+SINCE_0_3 = _abi.since("0.3")
+SINCE_0_4 = _abi.since("0.4")
 
 _lock = threading.Lock()
 _lib = None
@@ -419,37 +217,38 @@ def _candidates():
 
 
 class _Missing:
-    """Stands for a function the loaded library does not export (a 0.1
-    library): calling it raises UnsupportedError naming it."""
+    """Stands for a function the loaded library does not export (one older
+    than the function's Since): calling it raises UnsupportedError naming it."""
 
-    def __init__(self, name, where):
+    def __init__(self, name, where, since="0.2"):
         self.__name__ = name
         self._where = where
+        self._since = since
 
     def __call__(self, *args):
         raise UnsupportedError(ERR_UNSUPPORTED, "%s: %s does not export it (it is older than "
-                               "sfsync 0.2); install a newer libsfsync" % (self.__name__,
-                                                                          self._where),
+                               "sfsync %s); install a newer libsfsync" % (
+                                   self.__name__, self._where, self._since),
                                "not available in this build or on this machine", self.__name__)
 
 
 def _bind(dll):
     check = _make_check(dll)
-    for name, (restype, argtypes) in _PROTOTYPES.items():
+    for name, proto in PROTOTYPES.items():
         try:
             fn = getattr(dll, name)
         except AttributeError:
-            if name in SINCE_0_2 or name in SINCE_0_3 or name in SINCE_0_4:
-                setattr(dll, name, _Missing(name, dll._name))
+            if proto.since != "0.1":
+                setattr(dll, name, _Missing(name, dll._name, proto.since))
                 continue
             raise LibraryLoadError("%s does not export %s: it is older than this binding (ABI %d)"
                                    % (dll._name, name, ABI_VERSION)) from None
-        fn.argtypes = [ctypes.c_int32 if t is _STATUS else t for t in argtypes]
-        if restype is _STATUS:
+        fn.argtypes = [ctypes.c_int32 if t is _STATUS else t for t in proto.argtypes]
+        if proto.restype is _STATUS:
             fn.restype = ctypes.c_int32
             fn.errcheck = check
         else:
-            fn.restype = restype
+            fn.restype = proto.restype
 
 
 def check_abi(dll, where):

@@ -3,9 +3,10 @@ layouts, parameter registration, shard ranges, per-bucket waits, parameter
 gathers, the gradient gather (Since 0.4) and the small float64 all-reduce, as
 plain functions of a Context.
 
-They bind the functions themselves (``sfsync.lib()`` plus argtypes) so that
-they work whether or not ``sfsync._PROTOTYPES`` lists them; the raw names are
-those of include/sfsync.h.
+Convenience wrappers only: each calls the one binding,
+``sfsync.lib().sf_xxx`` with the prototype of ``sfsync._abi``, which raises
+an SfError subclass on failure (UnsupportedError naming the function when the
+loaded library is older than it).
 """
 
 import ctypes
@@ -17,54 +18,8 @@ __all__ = ["LAYOUTS", "layout_value", "set_layout", "register_parameter", "param
            "wait_gather", "gather_parameters", "gather_gradients", "allreduce_float64", "stats"]
 
 #: shard_layout names (GradientSync's argument, env SF_SHARD) -> sf_shard_layout.
-LAYOUTS = {"none": 0, "flat": 1, "parameter": 2}
-
-_c = ctypes
-_P = _c.c_void_p  # the context pointer travels as its address
-_ARGTYPES = {
-    "sf_set_shard_layout": [_P, _c.c_int32],
-    "sf_register_parameter": [_P, _c.c_int64, _c.c_void_p, _c.c_int64, _c.c_int32, _c.c_int32],
-    "sf_parameter_data": [_P, _c.c_int64, _c.POINTER(_c.c_void_p)],
-    "sf_shard_range": [_P, _c.c_int64, _c.POINTER(_c.c_int64), _c.POINTER(_c.c_int64)],
-    "sf_gradient_bucket": [_P, _c.c_int64, _c.POINTER(_c.c_int64)],
-    "sf_synchronize_start": [_P],
-    "sf_wait_bucket": [_P, _c.c_int64],
-    "sf_start_gather": [_P, _c.c_int64],
-    "sf_wait_gather": [_P, _c.c_int64],
-    "sf_gather_parameters": [_P],
-    "sf_gather_gradients": [_P],  # since 0.4
-    "sf_allreduce_float64": [_P, _c.POINTER(_c.c_double), _c.c_int64],
-}
-#: The sfsync version that added each function not in 0.3.
-_SINCE = {"sf_gather_gradients": "0.4"}
-_bound = {}
-
-
-def _fn(name):
-    fn = _bound.get(name)
-    if fn is None:
-        dll = sfsync.lib()
-        try:
-            raw = getattr(dll, name)
-        except AttributeError:
-            raise sfsync.UnsupportedError(
-                sfsync.ERR_UNSUPPORTED, "%s: the loaded libsfsync (%s) does not export it (it is "
-                "older than sfsync %s)" % (name, sfsync.library_path(), _SINCE.get(name, "0.3")),
-                None, name) from None
-        # A private handle on the symbol: our argtypes never touch the binding's.
-        fn = _c.CFUNCTYPE(_c.c_int32, *_ARGTYPES[name])(_c.cast(raw, _c.c_void_p).value)
-
-        def call(*args, _fn=fn, _name=name):
-            status = _fn(*args)
-            if status != sfsync.OK:
-                raise sfsync._error_for(dll, status, _name)
-            return status
-        _bound[name] = fn = call
-    return fn
-
-
-def _h(ctx):
-    return _c.cast(ctx.handle, _c.c_void_p)
+LAYOUTS = {"none": sfsync.SHARD_NONE, "flat": sfsync.SHARD_FLAT,
+           "parameter": sfsync.SHARD_PARAMETER}
 
 
 def layout_value(layout):
@@ -78,52 +33,52 @@ def layout_value(layout):
 
 
 def set_layout(ctx, layout):
-    _fn("sf_set_shard_layout")(_h(ctx), layout_value(layout))
+    sfsync.lib().sf_set_shard_layout(ctx.handle, layout_value(layout))
 
 
 def register_parameter(ctx, gid, numel, dtype, device, data=None):
     """sf_register_parameter: data=None for a plugin-owned view of the flat
     parameter buffer (then read its address with parameter_data)."""
-    _fn("sf_register_parameter")(_h(ctx), gid, data, numel, dtype, device)
+    sfsync.lib().sf_register_parameter(ctx.handle, gid, data, numel, dtype, device)
 
 
 def parameter_data(ctx, gid):
-    out = _c.c_void_p()
-    _fn("sf_parameter_data")(_h(ctx), gid, _c.byref(out))
+    out = ctypes.c_void_p()
+    sfsync.lib().sf_parameter_data(ctx.handle, gid, ctypes.byref(out))
     return out.value
 
 
 def shard_range(ctx, gid):
     """(offset, count): the elements of gradient/parameter gid this rank owns."""
-    off, cnt = _c.c_int64(), _c.c_int64()
-    _fn("sf_shard_range")(_h(ctx), gid, _c.byref(off), _c.byref(cnt))
+    off, cnt = ctypes.c_int64(), ctypes.c_int64()
+    sfsync.lib().sf_shard_range(ctx.handle, gid, ctypes.byref(off), ctypes.byref(cnt))
     return off.value, cnt.value
 
 
 def gradient_bucket(ctx, gid):
-    out = _c.c_int64()
-    _fn("sf_gradient_bucket")(_h(ctx), gid, _c.byref(out))
+    out = ctypes.c_int64()
+    sfsync.lib().sf_gradient_bucket(ctx.handle, gid, ctypes.byref(out))
     return out.value
 
 
 def synchronize_start(ctx):
-    _fn("sf_synchronize_start")(_h(ctx))
+    sfsync.lib().sf_synchronize_start(ctx.handle)
 
 
 def wait_bucket(ctx, bucket):
-    _fn("sf_wait_bucket")(_h(ctx), bucket)
+    sfsync.lib().sf_wait_bucket(ctx.handle, bucket)
 
 
 def start_gather(ctx, bucket=-1):
-    _fn("sf_start_gather")(_h(ctx), bucket)
+    sfsync.lib().sf_start_gather(ctx.handle, bucket)
 
 
 def wait_gather(ctx, bucket=-1):
-    _fn("sf_wait_gather")(_h(ctx), bucket)
+    sfsync.lib().sf_wait_gather(ctx.handle, bucket)
 
 
 def gather_parameters(ctx):
-    _fn("sf_gather_parameters")(_h(ctx))
+    sfsync.lib().sf_gather_parameters(ctx.handle)
 
 
 def gather_gradients(ctx):
@@ -131,7 +86,7 @@ def gather_gradients(ctx):
     synchronization and before the parameter gathers, make every rank's
     gradients hold the whole reduced gradient (one all-gather per bucket).
     Free in an unsharded context or at world size 1."""
-    _fn("sf_gather_gradients")(_h(ctx))
+    sfsync.lib().sf_gather_gradients(ctx.handle)
 
 
 def allreduce_float64(ctx, tensor):
@@ -140,23 +95,11 @@ def allreduce_float64(ctx, tensor):
     if tensor.dtype != torch.float64 or tensor.is_cuda or not tensor.is_contiguous():
         raise TypeError("allreduce_float64: a contiguous CPU float64 tensor, not %s %s"
                         % (tensor.dtype, tensor.device))
-    ptr = _c.cast(tensor.data_ptr(), _c.POINTER(_c.c_double))
-    _fn("sf_allreduce_float64")(_h(ctx), ptr, tensor.numel())
-
-
-class _Stats03(ctypes.Structure):
-    _fields_ = list(sfsync.Stats._fields_[:14]) + [
-        ("reduce_scatters", ctypes.c_int64),
-        ("all_gathers", ctypes.c_int64),
-        ("bytes_gathered", ctypes.c_int64),
-    ]
+    ptr = ctypes.cast(tensor.data_ptr(), ctypes.POINTER(ctypes.c_double))
+    sfsync.lib().sf_allreduce_float64(ctx.handle, ptr, tensor.numel())
 
 
 def stats(ctx):
-    """ctx.stats() with the 0.3 counters (reduce_scatters, all_gathers,
-    bytes_gathered), whether or not the binding's Stats has them yet."""
-    out = _Stats03()
-    out.struct_size = ctypes.sizeof(out)
-    sfsync.lib().sf_get_stats(ctx.handle, ctypes.cast(ctypes.byref(out),
-                                                      ctypes.POINTER(sfsync.Stats)))
-    return {name: int(getattr(out, name)) for name, _ in out._fields_ if name != "struct_size"}
+    """ctx.stats(): every counter, the sharded ones (reduce_scatters,
+    all_gathers, bytes_gathered) included."""
+    return ctx.stats()

@@ -1,4 +1,4 @@
-/* Prints the C layout of sf_options, sf_stats and sf_store and the header's constants
+/* Prints the C layout of sf_options, sf_stats, sf_store and sf_launch_info and the header's constants
  * as JSON, for test_binding.py to compare with the ctypes mirrors. */
 #include <stddef.h>
 #include <stdio.h>
@@ -52,6 +52,19 @@ int main(void) {
   FIELD(sf_store, user);
   FIELD(sf_store, set);
   FIELD(sf_store, get);
+  first = 1;
+  printf("}}, \"sf_launch_info\": {\"size\": %zu, \"fields\": {", sizeof(sf_launch_info));
+  FIELD(sf_launch_info, struct_size);
+  FIELD(sf_launch_info, rank);
+  FIELD(sf_launch_info, world_size);
+  FIELD(sf_launch_info, local_rank);
+  FIELD(sf_launch_info, truncated);
+  FIELD(sf_launch_info, launcher);
+  FIELD(sf_launch_info, rank_vars);
+  FIELD(sf_launch_info, rendezvous);
+  FIELD(sf_launch_info, meeting);
+  FIELD(sf_launch_info, error);
+  FIELD(sf_launch_info, unmet);
   printf("}}, \"SF_ABI_VERSION\": %d, \"SF_VERSION_NUMBER\": %d}\n", SF_ABI_VERSION,
          SF_VERSION_NUMBER);
   return 0;

@@ -47,59 +47,184 @@ def local_context(**overrides):
     return sfsync.Context(**base)
 
 
+# ---- The header, read by the tests (comments stripped where it matters) ------
+
+C_SCALARS = {"int32_t": ctypes.c_int32, "sf_status": ctypes.c_int32, "sf_dtype": ctypes.c_int32,
+             "sf_device": ctypes.c_int32, "sf_backend": ctypes.c_int32,
+             "sf_reduce_op": ctypes.c_int32, "sf_shard_layout": ctypes.c_int32,
+             "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "double": ctypes.c_double,
+             "void": None}
+
+
+def c_pointers():
+    c = ctypes
+    return {"void*": c.c_void_p, "const void*": c.c_void_p, "const char*": c.c_char_p,
+            "const char* const*": c.POINTER(c.c_char_p),
+            "sf_context*": sfsync._ContextPtr, "const sf_context*": sfsync._ContextPtr,
+            "sf_context**": c.POINTER(sfsync._ContextPtr),
+            "sf_options*": c.POINTER(sfsync.Options),
+            "const sf_options*": c.POINTER(sfsync.Options),
+            "sf_stats*": c.POINTER(sfsync.Stats), "sf_store*": c.POINTER(sfsync.Store),
+            "const sf_store*": c.POINTER(sfsync.Store),
+            "sf_launch_info*": c.POINTER(sfsync.LaunchInfo),
+            "int64_t*": c.POINTER(c.c_int64), "uint64_t*": c.POINTER(c.c_uint64),
+            "double*": c.POINTER(c.c_double),
+            "void**": c.POINTER(c.c_void_p), "sf_dtype*": c.POINTER(c.c_int32)}
+
+
+def c_type(decl):
+    """The ctypes type of a C type as the header spells it."""
+    decl = re.sub(r"\s*\*", "*", re.sub(r"\s+", " ", decl)).strip()
+    decl = re.sub(r"\*(?=\w)", "* ", decl)  # "char* const*" keeps its space
+    if "*" in decl:
+        return c_pointers()[decl]
+    return C_SCALARS[decl]
+
+
+def uncommented(text):
+    return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+
+
+def header_prototypes():
+    """[(return type, name, [parameter types])] of every SF_API function."""
+    out = []
+    for ret, name, params in re.findall(r"SF_API\s+([\w\s\*]+?)\b(sf_\w+)\s*\(([^)]*)\)\s*;",
+                                        uncommented(header_text())):
+        params = [p.strip() for p in params.split(",")]
+        if params == ["void"]:
+            params = []
+        types = []
+        for p in params:
+            m = re.match(r"^(.*[\s\*])(\w+)$", p)  # drop the parameter's name
+            types.append(m.group(1))
+        out.append((ret, name, types))
+    return out
+
+
+def header_since():
+    """name -> the sfsync version that added it, as the header documents it:
+    a doc block that ends "Since X.Y." right above the declaration, else its
+    section's "(Since X.Y)", else 0.1. Functions and typedef structs alike."""
+    out = {}
+    section = "0.1"
+    decl = r"(?:SF_API\s+[\w\s\*]+?\b(sf_\w+)\s*\(|typedef struct (sf_\w+) \{)"
+    pattern = r"/\* ---- (.*?)-{3,}|(/\*\*?(?:(?!\*/).)*\*/)\s*" + decl + "|" + decl
+    for m in re.finditer(pattern, header_text(), re.S):
+        if m.group(1) is not None:
+            s = re.search(r"\(Since (\d+\.\d+)\)", m.group(1))
+            section = s.group(1) if s else "0.1"
+            continue
+        name = m.group(3) or m.group(4) or m.group(5) or m.group(6)
+        doc = re.search(r"Since (\d+\.\d+)\.\s*\*/$", (m.group(2) or "").strip())
+        out[name] = doc.group(1) if doc else section
+    return out
+
+
+def header_structs():
+    """C name -> [(field, C declaration)] of every struct with a body."""
+    defines = dict(re.findall(r"#define (SF_\w+) (\d+)\b", header_text()))
+    out = {}
+    for name, body, alias in re.findall(r"typedef struct (sf_\w+) \{(.*?)\} (sf_\w+);",
+                                        uncommented(header_text()), re.S):
+        assert name == alias, name
+        fields = []
+        for decl in (d.strip() for d in body.split(";")):
+            if not decl:
+                continue
+            fp = re.match(r"^([\w\s\*]+?)\s*\(\s*\*\s*(\w+)\s*\)\s*\((.*)\)$", decl, re.S)
+            arr = re.match(r"^([\w\s\*]+?)\s*\b(\w+)\s*\[(\w+)\]$", decl)
+            if fp:  # a function pointer: ("fn", return type, parameter types)
+                params = [re.match(r"^(.*[\s\*])(\w+)$", p.strip()).group(1)
+                          for p in fp.group(3).split(",")]
+                fields.append((fp.group(2), ("fn", fp.group(1), params)))
+            elif arr:
+                n = arr.group(3)
+                fields.append((arr.group(2), ("array", arr.group(1).strip(),
+                                              int(defines.get(n, n)))))
+            else:
+                m = re.match(r"^(.*[\s\*])(\w+)$", decl)
+                fields.append((m.group(2), ("scalar", m.group(1))))
+        out[name] = fields
+    return out
+
+
+def c_field_type(spec):
+    kind = spec[0]
+    if kind == "scalar":
+        return c_type(spec[1])
+    if kind == "array":
+        assert spec[1] == "char", spec
+        return ctypes.c_char * spec[2]
+    return None  # function pointers: checked on their own
+
+
 class HeaderCoverage(unittest.TestCase):
     def test_every_header_function_is_bound(self):
         declared = set(re.findall(r"SF_API\s+[\w\s\*]+?\b(sf_\w+)\s*\(", header_text()))
         self.assertGreaterEqual(len(declared), 24)
         self.assertEqual(declared, set(sfsync.FUNCTIONS))
+        self.assertEqual(set(sfsync._abi.PROTOTYPES), set(sfsync.FUNCTIONS))
 
     def test_prototypes_match_header(self):
-        """Every bound function's restype and argtypes are the C types the
-        header declares, parameter by parameter (a ctypes mirror cannot be
-        checked by the compiler: this is that check)."""
+        """Every bound function's restype, argument count and argtypes are
+        the C types the header declares, parameter by parameter (a ctypes
+        mirror cannot be checked by the compiler: this is that check), and
+        the loaded library's functions carry exactly those."""
         c = ctypes
-        scalar = {"int32_t": c.c_int32, "sf_status": c.c_int32, "sf_dtype": c.c_int32,
-                  "sf_device": c.c_int32, "sf_backend": c.c_int32, "sf_reduce_op": c.c_int32,
-                  "sf_shard_layout": c.c_int32,
-                  "int64_t": c.c_int64, "uint64_t": c.c_uint64, "double": c.c_double,
-                  "void": None}
-        pointers = {"void*": c.c_void_p, "const void*": c.c_void_p, "const char*": c.c_char_p,
-                    "sf_context*": sfsync._ContextPtr, "const sf_context*": sfsync._ContextPtr,
-                    "sf_context**": c.POINTER(sfsync._ContextPtr),
-                    "sf_options*": c.POINTER(sfsync.Options),
-                    "const sf_options*": c.POINTER(sfsync.Options),
-                    "sf_stats*": c.POINTER(sfsync.Stats), "sf_store*": c.POINTER(sfsync.Store),
-                    "const sf_store*": c.POINTER(sfsync.Store),
-                    "int64_t*": c.POINTER(c.c_int64), "uint64_t*": c.POINTER(c.c_uint64),
-                    "double*": c.POINTER(c.c_double),
-                    "void**": c.POINTER(c.c_void_p), "sf_dtype*": c.POINTER(c.c_int32)}
-
-        def ctype(decl):
-            decl = re.sub(r"\s*\*", "*", re.sub(r"\s+", " ", decl)).strip()
-            if "*" in decl:
-                return pointers[decl]
-            return scalar[decl]
-
-        text = re.sub(r"/\*.*?\*/", "", header_text(), flags=re.S)
-        protos = re.findall(r"SF_API\s+([\w\s\*]+?)\b(sf_\w+)\s*\(([^)]*)\)\s*;", text)
+        protos = header_prototypes()
         self.assertEqual(len(protos), len(sfsync.FUNCTIONS))
         dll = sfsync.lib()
         for ret, name, params in protos:
-            restype, argtypes = sfsync._PROTOTYPES[name]
-            restype = c.c_int32 if restype is sfsync._STATUS else restype
-            argtypes = [c.c_int32 if t is sfsync._STATUS else t for t in argtypes]
-            self.assertEqual(ctype(ret), restype, "%s returns %s" % (name, ret.strip()))
-            params = [p.strip() for p in params.split(",")]
-            if params == ["void"]:
-                params = []
-            want = []
-            for p in params:
-                m = re.match(r"^(.*[\s\*])(\w+)$", p)  # drop the parameter's name
-                want.append(ctype(m.group(1)))
-            self.assertEqual(want, argtypes, "%s(%s)" % (name, ", ".join(params)))
+            proto = sfsync._abi.PROTOTYPES[name]
+            restype = c.c_int32 if proto.restype is sfsync._STATUS else proto.restype
+            argtypes = [c.c_int32 if t is sfsync._STATUS else t for t in proto.argtypes]
+            self.assertEqual(c_type(ret), restype, "%s returns %s" % (name, ret.strip()))
+            self.assertEqual(len(argtypes), len(params),
+                             "%s: %d arguments bound, the header declares %d"
+                             % (name, len(argtypes), len(params)))
+            self.assertEqual([c_type(p) for p in params], argtypes,
+                             "%s(%s)" % (name, ", ".join(params)))
+            self.assertEqual(proto.restype is sfsync._STATUS, ret.strip() == "sf_status", name)
             fn = getattr(dll, name)
             if not isinstance(fn, sfsync._Missing):
                 self.assertEqual(list(fn.argtypes), argtypes, name)
+
+    def test_since_versions_match_header(self):
+        """Each function's and struct's Since in the binding is the one the
+        header documents; a function newer than 0.1 that an older library
+        lacks is bound as _Missing, never a load failure."""
+        since = header_since()
+        for name, proto in sfsync._abi.PROTOTYPES.items():
+            self.assertEqual(proto.since, since[name], "Since of %s" % name)
+        for name, (_, version) in sfsync._abi.STRUCTS.items():
+            self.assertEqual(version, since[name], "Since of %s" % name)
+        for version in ("0.2", "0.3", "0.4"):
+            self.assertEqual(set(getattr(sfsync, "SINCE_" + version.replace(".", "_"))),
+                             {n for n, v in since.items() if v == version and n in
+                              sfsync._abi.PROTOTYPES})
+
+    def test_every_header_struct_is_bound_field_by_field(self):
+        """Every struct of the header has one binding (sfsync._abi.STRUCTS)
+        with the header's fields, in order, of the header's types."""
+        structs = header_structs()
+        self.assertGreaterEqual(len(structs), 4)
+        self.assertEqual(set(structs), set(sfsync._abi.STRUCTS))
+        for c_name, fields in structs.items():
+            py = sfsync._abi.STRUCTS[c_name][0]
+            self.assertEqual([n for n, _ in py._fields_], [n for n, _ in fields],
+                             "fields of %s" % c_name)
+            for (name, spec), (_, py_type) in zip(fields, py._fields_):
+                if spec[0] == "fn":
+                    self.assertEqual(py_type._restype_, c_type(spec[1]), "%s.%s" % (c_name, name))
+                    self.assertEqual(list(py_type._argtypes_), [c_type(p) for p in spec[2]],
+                                     "%s.%s" % (c_name, name))
+                else:
+                    want = c_field_type(spec)
+                    if spec[0] == "array":  # a ctypes array type is made anew each time
+                        self.assertEqual((py_type._type_, py_type._length_),
+                                         (want._type_, want._length_), "%s.%s" % (c_name, name))
+                    else:
+                        self.assertEqual(py_type, want, "%s.%s" % (c_name, name))
 
     def test_bound_functions_are_exported(self):
         # The checked-in export list may hold more (the shim's internal
@@ -112,6 +237,27 @@ class HeaderCoverage(unittest.TestCase):
         self.assertEqual(set(sfsync.FUNCTIONS) - exported, set())
         for name in sfsync.FUNCTIONS:  # and the loaded library has them
             self.assertTrue(hasattr(sfsync.lib(), name), name)
+
+    def test_no_module_binds_functions_of_its_own(self):
+        """One binding: no module of the package but __init__ (whose _bind
+        applies _abi's table) types an sf_* function, keeps an argtypes
+        table, makes a CFUNCTYPE over a symbol's address, or mirrors a struct
+        of its own (shard.py's _Stats03 was one)."""
+        pkg = os.path.dirname(os.path.abspath(sfsync.__file__))
+        for root, _, files in os.walk(pkg):
+            for f in files:
+                if not f.endswith(".py") or f == "_abi.py":
+                    continue
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, pkg)
+                with open(path) as fh:
+                    text = fh.read()
+                for line in text.splitlines():
+                    if rel != "__init__.py" and "sf_" in line:
+                        self.assertNotRegex(line, r"\.(argtypes|restype)\s*=", rel)
+                    self.assertNotRegex(line, r"CFUNCTYPE\(.*\)\(\s*_?c(types)?\.cast", rel)
+                    self.assertNotRegex(line, r"^_?ARGTYPES\s*=|^_ARGTYPES\s*=", rel)
+                    self.assertNotRegex(line, r"^class _?Stats\w*\(", rel)
 
     def test_constants_match_header(self):
         defines = dict(re.findall(r"#define (SF_\w+) (-?\d+)\b", header_text()))
@@ -162,9 +308,16 @@ class StructLayout(unittest.TestCase):
         self.assertEqual(ctypes.sizeof(struct), c["size"], "sizeof(%s)" % c_name)
         py_fields = [name for name, _ in struct._fields_]
         self.assertEqual(py_fields, list(c["fields"]), "field order of %s" % c_name)
+        # The probe lists what the header declares, no field left out.
+        self.assertEqual(list(c["fields"]), [n for n, _ in header_structs()[c_name]],
+                         "layout_probe.c's fields of %s" % c_name)
         for name, (offset, size) in c["fields"].items():
             desc = getattr(struct, name)
             self.assertEqual((desc.offset, desc.size), (offset, size), "%s.%s" % (c_name, name))
+
+    def test_every_struct_is_probed(self):
+        self.assertEqual(set(self.layout) - {"SF_ABI_VERSION", "SF_VERSION_NUMBER"},
+                         set(sfsync._abi.STRUCTS))
 
     def test_options_layout(self):
         self.check("sf_options", sfsync.Options)
@@ -174,6 +327,13 @@ class StructLayout(unittest.TestCase):
 
     def test_stats_layout(self):
         self.check("sf_stats", sfsync.Stats)
+
+    def test_launch_info_layout(self):
+        self.check("sf_launch_info", sfsync.LaunchInfo)
+
+    def test_every_struct_layout(self):
+        for c_name, (struct, _) in sfsync._abi.STRUCTS.items():
+            self.check(c_name, struct)
 
     def test_versions(self):
         self.assertEqual(sfsync.abi_version(), self.layout["SF_ABI_VERSION"])
@@ -240,8 +400,8 @@ class Loading(unittest.TestCase):
             r = subprocess.run([sys.executable, "-m", "sfsync"], cwd="/", env=env,
                                capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertIn("from %s" % os.path.join(tmp, "lib", "libsfsync.so.1"), r.stdout)
-            self.assertIn("sfsync %s" % sfsync.version(), r.stdout)
+            self.assertIn("library: %s\n" % os.path.join(tmp, "lib", "libsfsync.so.1"), r.stdout)
+            self.assertIn("version: %s\n" % sfsync.version(), r.stdout)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
