@@ -1,8 +1,10 @@
 /*
  * The interface between libsfsync.so and its NCCL backend module,
  * libsfsync_nccl.so: one table of plain C functions. libsfsync.so links
- * neither CUDA nor NCCL; it dlopens the module (which links libcudart.so.13
- * and libnccl.so.2) only when CUDA gradients or backend = nccl are asked for.
+ * neither CUDA nor NCCL; it dlopens the module only when CUDA gradients or
+ * backend = nccl are asked for. The module links neither either: its entry
+ * point dlopens libcudart.so.13 and libnccl.so.2 (the host's copies if
+ * already loaded) and resolves what it calls.
  *
  * Nothing but C types crosses: every function returns an sf_status (SF_OK or
  * an SF_ERR_* code of sfsync.h) and, on failure, writes a NUL-terminated
@@ -128,9 +130,16 @@ typedef struct sfn_api {
                              sfn_work** out, sfn_error* err);
 } sfn_api;
 
-/* The module's one exported function: its table, or NULL if it does not
- * provide `abi_version`. */
+/* The module's entry point: loads the CUDA runtime and NCCL (first call) and
+ * returns its table, or NULL if it does not provide `abi_version` or if they
+ * cannot be loaded. */
 typedef const sfn_api* (*sfn_entry_fn)(uint32_t abi_version);
+
+/* Its second export, asked after the entry point returned NULL: why the CUDA
+ * runtime or NCCL could not be loaded ("" if that was not the reason: then
+ * the interface version differs). Valid until the next entry point call. */
+#define SFN_INIT_ERROR_ENTRY "sf_nccl_module_init_error"
+typedef const char* (*sfn_init_error_fn)(void);
 
 #ifdef __cplusplus
 }

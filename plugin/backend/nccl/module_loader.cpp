@@ -43,6 +43,17 @@ std::string tryLoad(const std::string& path) {
     return path + ": no symbol " SFN_ENTRY_POINT " (not an sfsync NCCL module)";
   }
   const sfn_api* api = entry(SFN_ABI_VERSION);
+  if (!api) {
+    // The module loaded but could not load the CUDA runtime or NCCL (or a
+    // function of theirs): its reason, copied before the module goes.
+    auto initError = reinterpret_cast<sfn_init_error_fn>(::dlsym(handle, SFN_INIT_ERROR_ENTRY));
+    const char* why = initError ? initError() : nullptr;
+    if (why && *why) {
+      std::string reason = why;
+      ::dlclose(handle);
+      return reason;
+    }
+  }
   if (!api || api->struct_size < sizeof(sfn_api)) {
     ::dlclose(handle);
     return path + ": module of another interface version (this libsfsync.so needs " +
@@ -79,8 +90,10 @@ const sfn_api& ncclModule() {
   fail(SF_ERR_UNSUPPORTED,
        std::string("the NCCL backend is not available: cannot load its module ") + kModuleName +
            (env && *env ? " (from SF_NCCL_MODULE)" : "") + " (" + why +
-           "). It needs the CUDA runtime (libcudart.so.13) and NCCL (libnccl.so.2) on the "
-           "library path; host gradients work with Gloo without them");
+           "). It needs the CUDA runtime (libcudart.so.13) and NCCL (libnccl.so.2), which it "
+           "loads itself: the copies already loaded in the process, else from the library "
+           "path, or the files SF_CUDART_LIBRARY / SF_NCCL_LIBRARY name; host gradients work "
+           "with Gloo without them");
 }
 
 std::string ncclModulePath() {

@@ -1,6 +1,7 @@
 // libsfsync_nccl.so: the NCCL backend module. Implements the C table of
 // plugin/backend/nccl/module_api.h with the CUDA runtime and NCCL, which only
-// this library links. Responsible for streams, events, device memory and
+// this library loads (dlopen at its first use, never linked: see
+// loadLibraries). Responsible for streams, events, device memory and
 // communicators; not for buckets, windows or rendezvous (libsfsync.so).
 //
 // Ordering: the host produces and reads gradients on its stream H;
@@ -11,10 +12,14 @@
 // events; nothing here synchronizes a stream the host uses or the device.
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <link.h>
 #include <nccl.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -25,6 +30,172 @@
 #include "sfsync.h"
 
 #define SFN_EXPORT extern "C" __attribute__((visibility("default")))
+
+// ---- The CUDA runtime and NCCL, loaded with dlopen at the first use ----------
+//
+// Not DT_NEEDED: the wheel stays manylinux with no CUDA library inside or
+// required, and a host that already loaded a CUDA runtime or NCCL (PyTorch
+// from its nvidia-* wheels) gets its own copy used. Every CUDA / NCCL function
+// this module calls is in one of the two lists below and goes through `fn`
+// (the headers give only the types). X(name): typed by its declaration;
+// O(name, type): overloaded in C++ (nccl.h includes cuda_runtime.h, whose
+// templates overload it), typed as the C function.
+
+using CudaAllocFn = cudaError_t (*)(void**, size_t);  // cudaMalloc, cudaMallocHost
+
+#define SFN_CUDART_FUNCTIONS(X, O)        \
+  X(cudaDeviceGetStreamPriorityRange)     \
+  X(cudaEventCreateWithFlags)             \
+  X(cudaEventDestroy)                     \
+  X(cudaEventQuery)                       \
+  X(cudaEventRecord)                      \
+  X(cudaFree)                             \
+  X(cudaFreeHost)                         \
+  X(cudaGetDevice)                        \
+  X(cudaGetDeviceCount)                   \
+  X(cudaGetDriverEntryPointByVersion)     \
+  X(cudaGetErrorName)                     \
+  X(cudaGetErrorString)                   \
+  X(cudaGetLastError)                     \
+  O(cudaMalloc, CudaAllocFn)             \
+  O(cudaMallocHost, CudaAllocFn)         \
+  X(cudaMemcpyAsync)                      \
+  X(cudaMemsetAsync)                      \
+  X(cudaPointerGetAttributes)             \
+  X(cudaRuntimeGetVersion)                \
+  X(cudaSetDevice)                        \
+  X(cudaStreamCreateWithFlags)            \
+  X(cudaStreamCreateWithPriority)         \
+  X(cudaStreamDestroy)                    \
+  X(cudaStreamWaitEvent)
+
+#define SFN_NCCL_FUNCTIONS(X, O)  \
+  X(ncclAllGather)             \
+  X(ncclAllReduce)             \
+  X(ncclCommAbort)             \
+  X(ncclCommCount)             \
+  X(ncclCommCuDevice)          \
+  X(ncclCommDestroy)           \
+  X(ncclCommFinalize)          \
+  X(ncclCommGetAsyncError)     \
+  X(ncclCommInitRankConfig)    \
+  X(ncclCommUserRank)          \
+  X(ncclGetErrorString)        \
+  X(ncclGetLastError)          \
+  X(ncclGetUniqueId)           \
+  X(ncclGetVersion)            \
+  X(ncclGroupEnd)              \
+  X(ncclGroupStart)            \
+  X(ncclRedOpCreatePreMulSum)  \
+  X(ncclRedOpDestroy)          \
+  X(ncclReduceScatter)
+
+namespace {
+
+// One pointer per function, typed by its declaration in the headers.
+struct Functions {
+#define SFN_POINTER(name) decltype(&::name) name = nullptr;
+#define SFN_POINTER_AS(name, type) type name = nullptr;
+  SFN_CUDART_FUNCTIONS(SFN_POINTER, SFN_POINTER_AS)
+  SFN_NCCL_FUNCTIONS(SFN_POINTER, SFN_POINTER_AS)
+#undef SFN_POINTER
+#undef SFN_POINTER_AS
+};
+
+// Filled once by loadLibraries(); the table is handed out only after that
+// succeeded, so every table function may call through it.
+Functions fn;
+
+std::string dlText() {
+  const char* e = ::dlerror();
+  return e ? e : "dlopen failed";
+}
+
+// The file a handle is, for messages ("" if the loader does not say).
+std::string pathOf(void* handle) {
+  struct link_map* map = nullptr;
+  if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || !map || !map->l_name) return "";
+  return map->l_name;
+}
+
+// Opens one library: the file named by `envVar` if set (an explicit choice,
+// the only one tried), else the copy already loaded in this process (the
+// host's), else `soname` through the loader's search path (LD_LIBRARY_PATH,
+// then the system's). "" on success, else why not.
+std::string openLibrary(const char* soname, const char* envVar, void** handle, std::string* path) {
+  const char* chosen = std::getenv(envVar);
+  ::dlerror();
+  if (chosen && *chosen) {
+    *handle = ::dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
+    if (!*handle) return dlText() + " (from " + envVar + ")";
+  } else {
+    *handle = ::dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+    if (!*handle) {
+      ::dlerror();
+      *handle = ::dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!*handle) return dlText() + " (or set " + envVar + " to its path)";
+  }
+  *path = pathOf(*handle);
+  if (path->empty()) *path = chosen && *chosen ? chosen : soname;
+  return "";
+}
+
+// "" on success, else the missing symbol and the library.
+template <typename T>
+std::string resolve(void* handle, const std::string& path, const char* name, T* slot) {
+  ::dlerror();
+  void* p = ::dlsym(handle, name);
+  if (!p) {
+    return std::string("symbol ") + name + " not found in " + path +
+           " (an older CUDA runtime / NCCL than this module was built for?)";
+  }
+  *slot = reinterpret_cast<T>(p);
+  return "";
+}
+
+std::mutex gLoadMutex;
+bool gLoaded = false;
+std::string gLoadError;  // why loadLibraries() failed; "" before and on success
+
+// Loads the CUDA runtime, then NCCL (whose stand-in needs the runtime), and
+// resolves every function; once per process (the handles are never closed,
+// as CUDA and NCCL cannot be unloaded). On failure closes what it opened and
+// says why; the next call tries again.
+bool loadLibraries() {
+  std::lock_guard<std::mutex> lock(gLoadMutex);
+  if (gLoaded) return true;
+  void* cudart = nullptr;
+  void* nccl = nullptr;
+  std::string cudartPath, ncclPath;
+  std::string why = openLibrary("libcudart.so.13", "SF_CUDART_LIBRARY", &cudart, &cudartPath);
+  if (why.empty()) why = openLibrary("libnccl.so.2", "SF_NCCL_LIBRARY", &nccl, &ncclPath);
+  Functions f;
+#define SFN_RESOLVE_CUDART(name) \
+  if (why.empty()) why = resolve(cudart, cudartPath, #name, &f.name);
+#define SFN_RESOLVE_NCCL(name) \
+  if (why.empty()) why = resolve(nccl, ncclPath, #name, &f.name);
+#define SFN_RESOLVE_CUDART_AS(name, type) SFN_RESOLVE_CUDART(name)
+#define SFN_RESOLVE_NCCL_AS(name, type) SFN_RESOLVE_NCCL(name)
+  SFN_CUDART_FUNCTIONS(SFN_RESOLVE_CUDART, SFN_RESOLVE_CUDART_AS)
+  SFN_NCCL_FUNCTIONS(SFN_RESOLVE_NCCL, SFN_RESOLVE_NCCL_AS)
+#undef SFN_RESOLVE_CUDART
+#undef SFN_RESOLVE_NCCL
+#undef SFN_RESOLVE_CUDART_AS
+#undef SFN_RESOLVE_NCCL_AS
+  if (!why.empty()) {
+    if (nccl) ::dlclose(nccl);
+    if (cudart) ::dlclose(cudart);
+    gLoadError = why;
+    return false;
+  }
+  fn = f;
+  gLoaded = true;
+  gLoadError.clear();
+  return true;
+}
+
+}  // namespace
 
 struct sfn_device {
   int device = 0;
@@ -75,20 +246,20 @@ int32_t report(sfn_error* err, int32_t status, const std::string& message) {
 }
 
 std::string cudaText(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + " (" + std::to_string(int(e)) + "): " +
-         cudaGetErrorString(e);
+  return std::string(fn.cudaGetErrorName(e)) + " (" + std::to_string(int(e)) + "): " +
+         fn.cudaGetErrorString(e);
 }
 
 std::string ncclText(ncclComm_t comm, ncclResult_t r) {
-  std::string s = std::string(ncclGetErrorString(r)) + " (ncclResult_t " + std::to_string(int(r)) + ")";
-  const char* last = ncclGetLastError(comm);
+  std::string s = std::string(fn.ncclGetErrorString(r)) + " (ncclResult_t " + std::to_string(int(r)) + ")";
+  const char* last = fn.ncclGetLastError(comm);
   if (last && *last) s += ": " + std::string(last);
   return s;
 }
 
 void checkCuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error so later calls are not confused
+    fn.cudaGetLastError();  // clear the sticky-free error so later calls are not confused
     throw Failure{SF_ERR_BACKEND, std::string(what) + " failed: " + cudaText(e)};
   }
 }
@@ -122,11 +293,11 @@ struct CurrentContext {
     void* g = nullptr;
     void* s = nullptr;
     cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &g, 4000, cudaEnableDefault, &q) != cudaSuccess ||
+    if (fn.cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &g, 4000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess ||
-        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &s, 4000, cudaEnableDefault, &q) != cudaSuccess ||
+        fn.cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &s, 4000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
+      fn.cudaGetLastError();
       return;
     }
     get = reinterpret_cast<Get>(g);
@@ -150,12 +321,12 @@ class DeviceGuard {
       exact_ = true;
       int current = -1;
       // With a context current, cudaGetDevice names its device.
-      if (previousCtx_ && cudaGetDevice(&current) == cudaSuccess && current == device) return;
+      if (previousCtx_ && fn.cudaGetDevice(&current) == cudaSuccess && current == device) return;
     } else {
-      if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+      if (fn.cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
       if (previous_ == device) return;
     }
-    checkCuda(cudaSetDevice(device), "cudaSetDevice");
+    checkCuda(fn.cudaSetDevice(device), "cudaSetDevice");
     switched_ = true;
   }
   ~DeviceGuard() {
@@ -163,7 +334,7 @@ class DeviceGuard {
     if (exact_) {
       CurrentContext::instance().set(previousCtx_);
     } else if (previous_ >= 0) {
-      cudaSetDevice(previous_);
+      fn.cudaSetDevice(previous_);
     }
   }
   DeviceGuard(const DeviceGuard&) = delete;
@@ -209,13 +380,13 @@ Scalar scalarOf(double factor, int32_t dtype) {
 void abortComm(sfn_comm* c) {
   if (c->aborted) return;
   c->aborted = true;
-  ncclCommAbort(c->comm);  // also for an adopted one: its kernels would hang forever
+  fn.ncclCommAbort(c->comm);  // also for an adopted one: its kernels would hang forever
 }
 
 // Health of a communicator for the poller; records the failure message.
 Poll health(sfn_comm* c, std::string* why) {
   ncclResult_t async = ncclSuccess;
-  ncclResult_t r = ncclCommGetAsyncError(c->comm, &async);
+  ncclResult_t r = fn.ncclCommGetAsyncError(c->comm, &async);
   if (r != ncclSuccess) async = r;
   if (async == ncclSuccess || async == ncclInProgress) return Poll::kPending;
   *why = "NCCL asynchronous error on rank " + std::to_string(c->rank) + " of " +
@@ -234,7 +405,7 @@ void settle(sfn_comm* c, ncclResult_t r, const char* what, int64_t timeoutMs) {
   const Outcome o = sfsync::nccl::pollUntil(
       [&] {
         ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(c->comm, &async);
+        fn.ncclCommGetAsyncError(c->comm, &async);
         if (async == ncclInProgress) return Poll::kPending;
         if (async == ncclSuccess) return Poll::kDone;
         why = ncclText(c->comm, async);
@@ -260,10 +431,10 @@ void waitEvent(sfn_comm* c, cudaEvent_t done, int64_t timeoutMs, const std::stri
   std::string why;
   const Outcome o = sfsync::nccl::pollUntil(
       [&] {
-        const cudaError_t e = cudaEventQuery(done);
+        const cudaError_t e = fn.cudaEventQuery(done);
         if (e == cudaSuccess) return Poll::kDone;
         if (e == cudaErrorNotReady) return Poll::kPending;
-        cudaGetLastError();
+        fn.cudaGetLastError();
         why = "cudaEventQuery failed: " + cudaText(e);
         return Poll::kFailed;
       },
@@ -293,9 +464,9 @@ void checkAlive(sfn_comm* c) {
 int32_t probe(int32_t* count, int32_t* cudaVersion, int32_t* ncclVersion, sfn_error* err) {
   return entry(err, [&] {
     int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
+    const cudaError_t e = fn.cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-      cudaGetLastError();
+      fn.cudaGetLastError();
       throw Failure{SF_ERR_UNSUPPORTED, "no usable GPU: cudaGetDeviceCount failed with " + cudaText(e)};
     }
     if (n <= 0) {
@@ -303,8 +474,8 @@ int32_t probe(int32_t* count, int32_t* cudaVersion, int32_t* ncclVersion, sfn_er
                     "no GPU is visible (cudaGetDeviceCount = 0; check CUDA_VISIBLE_DEVICES)"};
     }
     int rt = 0, nv = 0;
-    cudaRuntimeGetVersion(&rt);
-    ncclGetVersion(&nv);
+    fn.cudaRuntimeGetVersion(&rt);
+    fn.ncclGetVersion(&nv);
     if (count) *count = n;
     if (cudaVersion) *cudaVersion = rt;
     if (ncclVersion) *ncclVersion = nv;
@@ -317,12 +488,12 @@ int32_t deviceOpen(int32_t device, sfn_device** out, sfn_error* err) {
     auto* d = new sfn_device;
     d->device = device;
     int least = 0, greatest = 0;
-    cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    cudaError_t e = fn.cudaDeviceGetStreamPriorityRange(&least, &greatest);
     if (e == cudaSuccess) {
-      e = cudaStreamCreateWithPriority(&d->stream, cudaStreamNonBlocking, greatest);
+      e = fn.cudaStreamCreateWithPriority(&d->stream, cudaStreamNonBlocking, greatest);
     } else {
-      cudaGetLastError();
-      e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
+      fn.cudaGetLastError();
+      e = fn.cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
     }
     if (e != cudaSuccess) {
       delete d;
@@ -336,8 +507,8 @@ void deviceClose(sfn_device* d) {
   if (!d) return;
   try {
     DeviceGuard guard(d->device);
-    cudaStreamDestroy(d->stream);
-    if (d->pinned) cudaFreeHost(d->pinned);
+    fn.cudaStreamDestroy(d->stream);
+    if (d->pinned) fn.cudaFreeHost(d->pinned);
   } catch (...) {
   }
   delete d;
@@ -349,9 +520,9 @@ int32_t memAlloc(sfn_device* d, size_t bytes, void** out, sfn_error* err) {
   return entry(err, [&] {
     DeviceGuard guard(d->device);
     void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    const cudaError_t e = fn.cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
-      cudaGetLastError();
+      fn.cudaGetLastError();
       throw Failure{e == cudaErrorMemoryAllocation ? SF_ERR_OUT_OF_MEMORY : SF_ERR_BACKEND,
                     "cudaMalloc of " + std::to_string(bytes) + " bytes on device " +
                         std::to_string(d->device) + " failed: " + cudaText(e)};
@@ -360,20 +531,20 @@ int32_t memAlloc(sfn_device* d, size_t bytes, void** out, sfn_error* err) {
     // whatever stream the host uses, and nothing else is synchronized.
     cudaEvent_t zeroed = nullptr;
     try {
-      checkCuda(cudaMemsetAsync(p, 0, bytes, d->stream), "cudaMemsetAsync");
-      checkCuda(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming), "cudaEventCreate");
-      checkCuda(cudaEventRecord(zeroed, d->stream), "cudaEventRecord");
+      checkCuda(fn.cudaMemsetAsync(p, 0, bytes, d->stream), "cudaMemsetAsync");
+      checkCuda(fn.cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming), "cudaEventCreate");
+      checkCuda(fn.cudaEventRecord(zeroed, d->stream), "cudaEventRecord");
       const Outcome o = sfsync::nccl::pollUntil(
           [&] {
-            const cudaError_t q = cudaEventQuery(zeroed);
+            const cudaError_t q = fn.cudaEventQuery(zeroed);
             return q == cudaSuccess ? Poll::kDone : q == cudaErrorNotReady ? Poll::kPending : Poll::kFailed;
           },
           [] { return Poll::kPending; }, std::chrono::minutes(5), sfsync::nccl::sleepOrYield);
       if (o != Outcome::kDone) throw Failure{SF_ERR_BACKEND, "zeroing new device memory failed"};
-      cudaEventDestroy(zeroed);
+      fn.cudaEventDestroy(zeroed);
     } catch (...) {
-      if (zeroed) cudaEventDestroy(zeroed);
-      cudaFree(p);
+      if (zeroed) fn.cudaEventDestroy(zeroed);
+      fn.cudaFree(p);
       throw;
     }
     *out = p;
@@ -387,16 +558,16 @@ void memFree(sfn_device* d, void* p) {
     // The host's stream may still have our copies or zeroing of this memory
     // queued: wait for what it holds now (bounded), not for the device.
     cudaEvent_t drained = nullptr;
-    if (cudaEventCreateWithFlags(&drained, cudaEventDisableTiming) == cudaSuccess) {
-      if (cudaEventRecord(drained, d->host) == cudaSuccess) {
+    if (fn.cudaEventCreateWithFlags(&drained, cudaEventDisableTiming) == cudaSuccess) {
+      if (fn.cudaEventRecord(drained, d->host) == cudaSuccess) {
         sfsync::nccl::pollUntil(
-            [&] { return cudaEventQuery(drained) == cudaErrorNotReady ? Poll::kPending : Poll::kDone; },
+            [&] { return fn.cudaEventQuery(drained) == cudaErrorNotReady ? Poll::kPending : Poll::kDone; },
             [] { return Poll::kPending; }, std::chrono::seconds(60), sfsync::nccl::sleepOrYield);
       }
-      cudaEventDestroy(drained);
+      fn.cudaEventDestroy(drained);
     }
-    cudaGetLastError();
-    cudaFree(p);
+    fn.cudaGetLastError();
+    fn.cudaFree(p);
   } catch (...) {
   }
 }
@@ -404,7 +575,7 @@ void memFree(sfn_device* d, void* p) {
 int32_t memCopy(sfn_device* d, void* dst, const void* src, size_t bytes, sfn_error* err) {
   return entry(err, [&] {
     DeviceGuard guard(d->device);
-    checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->host),
+    checkCuda(fn.cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->host),
               "cudaMemcpyAsync (gradient staging, on the host's stream)");
   });
 }
@@ -412,7 +583,7 @@ int32_t memCopy(sfn_device* d, void* dst, const void* src, size_t bytes, sfn_err
 int32_t memZero(sfn_device* d, void* p, size_t bytes, sfn_error* err) {
   return entry(err, [&] {
     DeviceGuard guard(d->device);
-    checkCuda(cudaMemsetAsync(p, 0, bytes, d->host), "cudaMemsetAsync (zeroing gradients, on the host's stream)");
+    checkCuda(fn.cudaMemsetAsync(p, 0, bytes, d->host), "cudaMemsetAsync (zeroing gradients, on the host's stream)");
   });
 }
 
@@ -423,7 +594,7 @@ void stagingOf(sfn_device* d, size_t bytes) {
                                                "-byte pinned staging"};
   }
   if (!d->pinned) {
-    checkCuda(cudaMallocHost(reinterpret_cast<void**>(&d->pinned), 2 * kStage), "cudaMallocHost (staging)");
+    checkCuda(fn.cudaMallocHost(reinterpret_cast<void**>(&d->pinned), 2 * kStage), "cudaMallocHost (staging)");
   }
 }
 
@@ -435,7 +606,7 @@ int32_t memWrite(sfn_device* d, void* dst, const void* src, size_t bytes, sfn_er
     DeviceGuard guard(d->device);
     stagingOf(d, bytes);
     std::memcpy(d->pinned, src, bytes);
-    checkCuda(cudaMemcpyAsync(dst, d->pinned, bytes, cudaMemcpyHostToDevice, d->host),
+    checkCuda(fn.cudaMemcpyAsync(dst, d->pinned, bytes, cudaMemcpyHostToDevice, d->host),
               "cudaMemcpyAsync (control values to the device, on the host's stream)");
   });
 }
@@ -447,14 +618,14 @@ int32_t memRead(sfn_device* d, void* dst, const void* src, size_t bytes, int64_t
     stagingOf(d, bytes);
     char* stage = d->pinned + kStage;
     cudaEvent_t done = nullptr;
-    checkCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    checkCuda(fn.cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     try {
-      checkCuda(cudaMemcpyAsync(stage, src, bytes, cudaMemcpyDeviceToHost, d->host),
+      checkCuda(fn.cudaMemcpyAsync(stage, src, bytes, cudaMemcpyDeviceToHost, d->host),
                 "cudaMemcpyAsync (control values from the device, on the host's stream)");
-      checkCuda(cudaEventRecord(done, d->host), "cudaEventRecord (host stream)");
+      checkCuda(fn.cudaEventRecord(done, d->host), "cudaEventRecord (host stream)");
       const Outcome o = sfsync::nccl::pollUntil(
           [&] {
-            const cudaError_t q = cudaEventQuery(done);
+            const cudaError_t q = fn.cudaEventQuery(done);
             return q == cudaSuccess ? Poll::kDone : q == cudaErrorNotReady ? Poll::kPending : Poll::kFailed;
           },
           [] { return Poll::kPending; }, std::chrono::milliseconds(timeoutMs), sfsync::nccl::sleepOrYield);
@@ -467,11 +638,11 @@ int32_t memRead(sfn_device* d, void* dst, const void* src, size_t bytes, int64_t
                                                    : " failed")};
       }
     } catch (...) {
-      cudaGetLastError();
-      cudaEventDestroy(done);
+      fn.cudaGetLastError();
+      fn.cudaEventDestroy(done);
       throw;
     }
-    cudaEventDestroy(done);
+    fn.cudaEventDestroy(done);
     std::memcpy(dst, stage, bytes);
   });
 }
@@ -492,9 +663,9 @@ int32_t checkPointer(sfn_device* d, const void* p, size_t bytes, sfn_error* err)
     for (const char* q : ends) {
       cudaPointerAttributes a;
       std::memset(&a, 0, sizeof a);
-      const cudaError_t e = cudaPointerGetAttributes(&a, q);
+      const cudaError_t e = fn.cudaPointerGetAttributes(&a, q);
       if (e != cudaSuccess) {
-        cudaGetLastError();
+        fn.cudaGetLastError();
         throw Failure{SF_ERR_INVALID_ARGUMENT, "cudaPointerGetAttributes failed: " + cudaText(e)};
       }
       char where[64];
@@ -517,7 +688,7 @@ int32_t uniqueId(uint8_t id[SFN_UNIQUE_ID_BYTES], sfn_error* err) {
   return entry(err, [&] {
     static_assert(sizeof(ncclUniqueId) == SFN_UNIQUE_ID_BYTES, "NCCL unique id size");
     ncclUniqueId u;
-    const ncclResult_t r = ncclGetUniqueId(&u);
+    const ncclResult_t r = fn.ncclGetUniqueId(&u);
     if (r != ncclSuccess) {
       throw Failure{SF_ERR_BACKEND, "ncclGetUniqueId failed: " + ncclText(nullptr, r)};
     }
@@ -539,7 +710,7 @@ int32_t commInit(sfn_device* d, const uint8_t id[SFN_UNIQUE_ID_BYTES], int32_t w
     c->world = world;
     c->rank = rank;
     c->timeoutMs = timeoutMs;
-    const ncclResult_t r = ncclCommInitRankConfig(&c->comm, world, u, rank, &config);
+    const ncclResult_t r = fn.ncclCommInitRankConfig(&c->comm, world, u, rank, &config);
     try {
       if (r != ncclSuccess && r != ncclInProgress) {
         if (c->comm) abortComm(c);
@@ -561,9 +732,9 @@ int32_t commQuery(void* nccl, int32_t* world, int32_t* rank, int32_t* device, sf
   return entry(err, [&] {
     ncclComm_t comm = static_cast<ncclComm_t>(nccl);
     int n = 0, r = 0, dev = 0;
-    ncclResult_t e = ncclCommCount(comm, &n);
-    if (e == ncclSuccess) e = ncclCommUserRank(comm, &r);
-    if (e == ncclSuccess) e = ncclCommCuDevice(comm, &dev);
+    ncclResult_t e = fn.ncclCommCount(comm, &n);
+    if (e == ncclSuccess) e = fn.ncclCommUserRank(comm, &r);
+    if (e == ncclSuccess) e = fn.ncclCommCuDevice(comm, &dev);
     if (e != ncclSuccess) {
       throw Failure{SF_ERR_INVALID_ARGUMENT,
                     "the communicator passed in is not a usable ncclComm_t: " + ncclText(comm, e)};
@@ -594,7 +765,7 @@ int32_t commAdopt(sfn_device* d, void* nccl, int64_t timeoutMs, sfn_comm** out, 
     c->timeoutMs = timeoutMs;
     // A non-blocking host communicator may still be initializing.
     ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(c->comm, &async);
+    fn.ncclCommGetAsyncError(c->comm, &async);
     try {
       settle(c, async, "the adopted communicator's initialization", timeoutMs);
     } catch (...) {
@@ -611,25 +782,25 @@ int32_t commAdopt(sfn_device* d, void* nccl, int64_t timeoutMs, sfn_comm** out, 
 // ncclCommDestroy can block for ever on a peer that is gone).
 void finalizeOrAbort(sfn_comm* c, int64_t timeoutMs) {
   ncclResult_t async = ncclSuccess;
-  ncclCommGetAsyncError(c->comm, &async);
+  fn.ncclCommGetAsyncError(c->comm, &async);
   if (async == ncclSuccess) {
-    const ncclResult_t r = ncclCommFinalize(c->comm);
+    const ncclResult_t r = fn.ncclCommFinalize(c->comm);
     if (r == ncclSuccess || r == ncclInProgress) {
       const Outcome o = sfsync::nccl::pollUntil(
           [&] {
             ncclResult_t a = ncclSuccess;
-            if (ncclCommGetAsyncError(c->comm, &a) != ncclSuccess) return Poll::kFailed;
+            if (fn.ncclCommGetAsyncError(c->comm, &a) != ncclSuccess) return Poll::kFailed;
             return a == ncclSuccess ? Poll::kDone : a == ncclInProgress ? Poll::kPending : Poll::kFailed;
           },
           [] { return Poll::kPending; }, std::chrono::milliseconds(timeoutMs),
           sfsync::nccl::sleepOrYield, std::chrono::microseconds(1000));
       if (o == Outcome::kDone) {
-        ncclCommDestroy(c->comm);
+        fn.ncclCommDestroy(c->comm);
         return;
       }
     }
   }
-  ncclCommAbort(c->comm);
+  fn.ncclCommAbort(c->comm);
 }
 
 void commFree(sfn_comm* c, int64_t timeoutMs) {
@@ -637,16 +808,16 @@ void commFree(sfn_comm* c, int64_t timeoutMs) {
   try {
     DeviceGuard guard(c->dev->device);
     if (c->owned && !c->aborted) finalizeOrAbort(c, timeoutMs < 0 ? 0 : timeoutMs);
-    if (c->ints) cudaFree(c->ints);
-    if (c->pinned) cudaFreeHost(c->pinned);
+    if (c->ints) fn.cudaFree(c->ints);
+    if (c->pinned) fn.cudaFreeHost(c->pinned);
   } catch (...) {
   }
   delete c;
 }
 
 void destroyWork(sfn_work* w) {
-  if (w->ready) cudaEventDestroy(w->ready);
-  if (w->done) cudaEventDestroy(w->done);
+  if (w->ready) fn.cudaEventDestroy(w->ready);
+  if (w->done) fn.cudaEventDestroy(w->done);
   delete w;
 }
 
@@ -663,13 +834,13 @@ int32_t startOrdered(sfn_comm* c, int64_t bytes, sfn_work** out, sfn_error* err,
     w->comm = c;
     w->bytes = bytes;
     try {
-      checkCuda(cudaEventCreateWithFlags(&w->ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      checkCuda(cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      checkCuda(fn.cudaEventCreateWithFlags(&w->ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      checkCuda(fn.cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
       // P waits for everything the host queued on H so far.
-      checkCuda(cudaEventRecord(w->ready, d->host), "cudaEventRecord (host stream)");
-      checkCuda(cudaStreamWaitEvent(d->stream, w->ready, 0), "cudaStreamWaitEvent (plugin stream)");
+      checkCuda(fn.cudaEventRecord(w->ready, d->host), "cudaEventRecord (host stream)");
+      checkCuda(fn.cudaStreamWaitEvent(d->stream, w->ready, 0), "cudaStreamWaitEvent (plugin stream)");
       launch(d);
-      checkCuda(cudaEventRecord(w->done, d->stream), "cudaEventRecord (plugin stream)");
+      checkCuda(fn.cudaEventRecord(w->done, d->stream), "cudaEventRecord (plugin stream)");
     } catch (...) {
       destroyWork(w);
       throw;
@@ -692,7 +863,7 @@ ReduceOp reduceOp(sfn_comm* c, double prescale, double postscale, int32_t dtype,
     o.op = ncclAvg;
   } else if (choice.kind == sfsync::nccl::Reduction::kPreMulSum) {
     Scalar s = scalarOf(choice.factor, dtype);
-    const ncclResult_t r = ncclRedOpCreatePreMulSum(&o.op, &s, type, ncclScalarHostImmediate, c->comm);
+    const ncclResult_t r = fn.ncclRedOpCreatePreMulSum(&o.op, &s, type, ncclScalarHostImmediate, c->comm);
     if (r != ncclSuccess) {
       throw Failure{SF_ERR_BACKEND, "ncclRedOpCreatePreMulSum failed: " + ncclText(c->comm, r)};
     }
@@ -710,10 +881,10 @@ void settleThenDestroyOp(sfn_comm* c, ncclResult_t r, const char* what, ncclRedO
   try {
     settle(c, r, what, c->timeoutMs);
   } catch (...) {
-    if (custom && !c->aborted) ncclRedOpDestroy(op, c->comm);
+    if (custom && !c->aborted) fn.ncclRedOpDestroy(op, c->comm);
     throw;
   }
-  if (custom) ncclRedOpDestroy(op, c->comm);
+  if (custom) fn.ncclRedOpDestroy(op, c->comm);
 }
 
 int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int64_t scaledNumel, int32_t dtype,
@@ -728,13 +899,13 @@ int32_t allreduceStart(sfn_comm* c, void* data, int64_t numel, int64_t scaledNum
     ncclResult_t r = ncclSuccess;
     if (split) {
       char* rest = static_cast<char*>(data) + size_t(scaled) * sfsync::dtypeSize(dtype);
-      r = ncclGroupStart();
-      if (r == ncclSuccess) r = ncclAllReduce(data, data, size_t(scaled), type, op, c->comm, d->stream);
-      if (r == ncclSuccess) r = ncclAllReduce(rest, rest, size_t(numel - scaled), type, ncclSum, c->comm, d->stream);
-      const ncclResult_t end = ncclGroupEnd();
+      r = fn.ncclGroupStart();
+      if (r == ncclSuccess) r = fn.ncclAllReduce(data, data, size_t(scaled), type, op, c->comm, d->stream);
+      if (r == ncclSuccess) r = fn.ncclAllReduce(rest, rest, size_t(numel - scaled), type, ncclSum, c->comm, d->stream);
+      const ncclResult_t end = fn.ncclGroupEnd();
       if (r == ncclSuccess) r = end;
     } else {
-      r = ncclAllReduce(data, data, size_t(numel), type, op, c->comm, d->stream);
+      r = fn.ncclAllReduce(data, data, size_t(numel), type, op, c->comm, d->stream);
     }
     settleThenDestroyOp(c, r, "ncclAllReduce", op, custom);
   });
@@ -748,7 +919,7 @@ int32_t workWait(sfn_work* w, int64_t timeoutMs, sfn_error* err) {
     waitEvent(c, w->done, timeoutMs, "NCCL all-reduce of " + std::to_string(w->bytes) + " bytes");
     // The host's stream reads the result only after it is there (already
     // true for the CPU now, but the order must hold on the GPU too).
-    checkCuda(cudaStreamWaitEvent(c->dev->host, w->done, 0), "cudaStreamWaitEvent (host stream)");
+    checkCuda(fn.cudaStreamWaitEvent(c->dev->host, w->done, 0), "cudaStreamWaitEvent (host stream)");
   });
   destroyWork(w);
   return status;
@@ -761,34 +932,34 @@ int32_t allreduceMaxInt64(sfn_comm* c, int64_t* data, int64_t n, int64_t timeout
     sfn_device* d = c->dev;
     DeviceGuard guard(d->device);
     if (n > c->intCap) {
-      if (c->ints) cudaFree(c->ints);
-      if (c->pinned) cudaFreeHost(c->pinned);
+      if (c->ints) fn.cudaFree(c->ints);
+      if (c->pinned) fn.cudaFreeHost(c->pinned);
       c->ints = nullptr;
       c->pinned = nullptr;
       c->intCap = 0;
-      checkCuda(cudaMalloc(reinterpret_cast<void**>(&c->ints), size_t(n) * 8), "cudaMalloc");
+      checkCuda(fn.cudaMalloc(reinterpret_cast<void**>(&c->ints), size_t(n) * 8), "cudaMalloc");
       // Pinned, so that the copies are truly asynchronous and the wait below
       // (with its timeout) is the only place that waits.
-      checkCuda(cudaMallocHost(reinterpret_cast<void**>(&c->pinned), size_t(n) * 8), "cudaMallocHost");
+      checkCuda(fn.cudaMallocHost(reinterpret_cast<void**>(&c->pinned), size_t(n) * 8), "cudaMallocHost");
       c->intCap = n;
     }
     std::memcpy(c->pinned, data, size_t(n) * 8);
     cudaEvent_t done = nullptr;
-    checkCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    checkCuda(fn.cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     try {
-      checkCuda(cudaMemcpyAsync(c->ints, c->pinned, size_t(n) * 8, cudaMemcpyHostToDevice, d->stream),
+      checkCuda(fn.cudaMemcpyAsync(c->ints, c->pinned, size_t(n) * 8, cudaMemcpyHostToDevice, d->stream),
                 "cudaMemcpyAsync");
-      const ncclResult_t r = ncclAllReduce(c->ints, c->ints, size_t(n), ncclInt64, ncclMax, c->comm, d->stream);
+      const ncclResult_t r = fn.ncclAllReduce(c->ints, c->ints, size_t(n), ncclInt64, ncclMax, c->comm, d->stream);
       settle(c, r, "ncclAllReduce (layout check)", timeoutMs);
-      checkCuda(cudaMemcpyAsync(c->pinned, c->ints, size_t(n) * 8, cudaMemcpyDeviceToHost, d->stream),
+      checkCuda(fn.cudaMemcpyAsync(c->pinned, c->ints, size_t(n) * 8, cudaMemcpyDeviceToHost, d->stream),
                 "cudaMemcpyAsync");
-      checkCuda(cudaEventRecord(done, d->stream), "cudaEventRecord");
+      checkCuda(fn.cudaEventRecord(done, d->stream), "cudaEventRecord");
       waitEvent(c, done, timeoutMs, "NCCL all-reduce of the gradient layout check");
     } catch (...) {
-      cudaEventDestroy(done);
+      fn.cudaEventDestroy(done);
       throw;
     }
-    cudaEventDestroy(done);
+    fn.cudaEventDestroy(done);
     std::memcpy(data, c->pinned, size_t(n) * 8);
   });
 }
@@ -803,7 +974,7 @@ int32_t reduceScatterStart(sfn_comm* c, void* data, int64_t segment, int32_t dty
     const auto [op, custom] = reduceOp(c, prescale, postscale, dtype, type);
     // In place: recvbuff = sendbuff + rank * recvcount (NCCL's rule).
     char* base = static_cast<char*>(data);
-    const ncclResult_t r = ncclReduceScatter(base, base + size_t(c->rank) * size_t(segment) * es,
+    const ncclResult_t r = fn.ncclReduceScatter(base, base + size_t(c->rank) * size_t(segment) * es,
                                              size_t(segment), type, op, c->comm, d->stream);
     settleThenDestroyOp(c, r, "ncclReduceScatter", op, custom);
   });
@@ -815,7 +986,7 @@ int32_t allgatherStart(sfn_comm* c, void* data, int64_t segment, int32_t dtype, 
   return startOrdered(c, segment * int64_t(es) * c->world, out, err, [&](sfn_device* d) {
     // In place: sendbuff = recvbuff + rank * sendcount.
     char* base = static_cast<char*>(data);
-    const ncclResult_t r = ncclAllGather(base + size_t(c->rank) * size_t(segment) * es, base,
+    const ncclResult_t r = fn.ncclAllGather(base + size_t(c->rank) * size_t(segment) * es, base,
                                          size_t(segment), ncclType(dtype), c->comm, d->stream);
     settle(c, r, "ncclAllGather", c->timeoutMs);
   });
@@ -849,6 +1020,16 @@ const sfn_api kApi = {
 
 }  // namespace
 
+// The first use: loads the CUDA runtime and NCCL. NULL if this is not the
+// interface asked for, or if they cannot be loaded (then
+// sf_nccl_module_init_error says why).
 SFN_EXPORT const sfn_api* sf_nccl_module_api(uint32_t abi_version) {
-  return abi_version == SFN_ABI_VERSION ? &kApi : nullptr;
+  if (abi_version != SFN_ABI_VERSION) return nullptr;
+  return loadLibraries() ? &kApi : nullptr;
+}
+
+SFN_EXPORT const char* sf_nccl_module_init_error(void) {
+  std::lock_guard<std::mutex> lock(gLoadMutex);
+  // Valid until the next sf_nccl_module_api call; the loader copies it.
+  return gLoadError.c_str();
 }
