@@ -1,7 +1,9 @@
 // What a process sees of the NCCL backend without the stand-ins: on this
 // machine's real CUDA libraries (no GPU: cudaGetDeviceCount fails), with the
-// module missing, and with no CUDA library on the loader's path at all. And
-// that Gloo alone never loads CUDA. CTest runs each case in its own process:
+// module missing, and with no CUDA library on the loader's path at all; the
+// module's choice of CUDA runtime and NCCL (the host's loaded copies, the
+// SF_CUDART_LIBRARY / SF_NCCL_LIBRARY overrides). And that Gloo alone never
+// loads CUDA. CTest runs each case in its own process:
 // what is loaded is the point.
 
 #include <dlfcn.h>
@@ -28,6 +30,31 @@ std::string loadedLibraries() {
 }
 
 bool loaded(const std::string& name) { return loadedLibraries().find(name) != std::string::npos; }
+
+// The mapped files whose path contains `name`, one each.
+std::string mappedFiles(const std::string& name) {
+  std::istringstream maps(loadedLibraries());
+  std::string line, files;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos || line.find(name) == std::string::npos) continue;
+    const std::string file = line.substr(slash);
+    if (files.find(file + "\n") == std::string::npos) files += file + "\n";
+  }
+  return files;
+}
+
+// Every mapped libcudart / libnccl is the stand-ins' (none from the system).
+bool onlyStandins() {
+  std::istringstream files(mappedFiles("libcudart") + mappedFiles("libnccl"));
+  std::string file;
+  bool any = false;
+  while (std::getline(files, file)) {
+    if (file.rfind(SF_STANDIN_LIB_DIR "/", 0) != 0) return false;
+    any = true;
+  }
+  return any;
+}
 
 // Two thread ranks reduce host gradients with Gloo (backend auto).
 std::string glooSync() {
@@ -116,6 +143,62 @@ BOOST_AUTO_TEST_CASE(missing_module_is_unsupported) {
              m);
   BOOST_TEST(loaded("libsfsync_nccl.so"));
   ::unsetenv("SF_NCCL_MODULE");
+}
+
+// The module links neither library: it takes the copies the host already
+// loaded (as PyTorch does from its nvidia-* wheels), here the stand-ins,
+// loaded by path from a directory not on the loader's path, although the
+// real ones (ld.so.cache) would be found by soname. The stand-ins have GPUs.
+BOOST_AUTO_TEST_CASE(prefers_loaded_libraries) {
+  void* cudart = ::dlopen(SF_STANDIN_LIB_DIR "/libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
+  BOOST_TEST_REQUIRE(cudart != nullptr, ::dlerror());
+  void* nccl = ::dlopen(SF_STANDIN_LIB_DIR "/libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  BOOST_TEST_REQUIRE(nccl != nullptr, ::dlerror());
+  BOOST_TEST(sf_backend_available(SF_BACKEND_NCCL) == SF_OK, sf_last_error());
+  BOOST_TEST(loaded("libsfsync_nccl.so"));
+  BOOST_TEST(onlyStandins(), mappedFiles("libcudart") + mappedFiles("libnccl"));
+}
+
+// SF_CUDART_LIBRARY / SF_NCCL_LIBRARY name the files to load.
+BOOST_AUTO_TEST_CASE(library_overrides) {
+  ::setenv("SF_CUDART_LIBRARY", SF_STANDIN_LIB_DIR "/libcudart.so.13", 1);
+  ::setenv("SF_NCCL_LIBRARY", SF_STANDIN_LIB_DIR "/libnccl.so.2", 1);
+  BOOST_TEST(sf_backend_available(SF_BACKEND_NCCL) == SF_OK, sf_last_error());
+  BOOST_TEST(onlyStandins(), mappedFiles("libcudart") + mappedFiles("libnccl"));
+  ::unsetenv("SF_CUDART_LIBRARY");
+  ::unsetenv("SF_NCCL_LIBRARY");
+}
+
+// A library that cannot be loaded, or lacks a function, is the backend's
+// "unavailable" with the reason; the next try (fixed environment) works.
+BOOST_AUTO_TEST_CASE(unloadable_or_incomplete_library_is_unsupported) {
+  ::setenv("SF_CUDART_LIBRARY", "/nonexistent/libcudart.so.13", 1);
+  BOOST_TEST(sf_backend_available(SF_BACKEND_NCCL) == SF_ERR_UNSUPPORTED);
+  std::string m = sf_last_error();
+  BOOST_TEST(m.find("/nonexistent/libcudart.so.13") != std::string::npos, m);
+  BOOST_TEST(m.find("SF_CUDART_LIBRARY") != std::string::npos, m);
+  BOOST_TEST(m.find("cannot load its module") != std::string::npos, m);  // what the doctor reads
+
+  // The CUDA runtime stand-in posing as NCCL: the first NCCL function of
+  // the list is missing; the message names it and the file.
+  ::setenv("SF_CUDART_LIBRARY", SF_STANDIN_LIB_DIR "/libcudart.so.13", 1);
+  ::setenv("SF_NCCL_LIBRARY", SF_STANDIN_LIB_DIR "/libcudart.so.13", 1);
+  BOOST_TEST(sf_backend_available(SF_BACKEND_NCCL) == SF_ERR_UNSUPPORTED);
+  m = sf_last_error();
+  BOOST_TEST(m.find("symbol ncclAllGather not found in " SF_STANDIN_LIB_DIR "/libcudart.so.13") !=
+                 std::string::npos,
+             m);
+  ContextHandle h;
+  sf_options o = rankOptions(0, 1, "");
+  BOOST_TEST_REQUIRE(sf_create(&o, &h.ctx) == SF_OK);
+  int64_t id;
+  BOOST_TEST(sf_add_gradient(h.ctx, 16, SF_DTYPE_FLOAT32, SF_DEVICE_CUDA, "w", &id) == SF_ERR_UNSUPPORTED);
+  BOOST_TEST(std::string(sf_last_error()).find("ncclAllGather") != std::string::npos, sf_last_error());
+
+  ::setenv("SF_NCCL_LIBRARY", SF_STANDIN_LIB_DIR "/libnccl.so.2", 1);
+  BOOST_TEST(sf_backend_available(SF_BACKEND_NCCL) == SF_OK, sf_last_error());
+  ::unsetenv("SF_CUDART_LIBRARY");
+  ::unsetenv("SF_NCCL_LIBRARY");
 }
 
 BOOST_AUTO_TEST_CASE(without_cuda_libraries) {
