@@ -423,8 +423,9 @@ SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* b
  * (registering a CUDA gradient, sf_adopt_nccl_comm, sf_backend_available for
  * NCCL) loads the module libsfsync_nccl.so from the directory of
  * libsfsync.so (or the file named by the environment variable
- * SF_NCCL_MODULE), which needs libcudart.so.13 and libnccl.so.2 on the
- * library path. Where they are missing, or no GPU is visible, those calls
+ * SF_NCCL_MODULE), which loads libcudart.so.13 and libnccl.so.2 (the copies
+ * already loaded in the process, else from the library path, or the files
+ * SF_CUDART_LIBRARY / SF_NCCL_LIBRARY name). Where they are missing, or no GPU is visible, those calls
  * return SF_ERR_UNSUPPORTED and sf_last_error() says which; host gradients
  * keep working with Gloo.
  *
