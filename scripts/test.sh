@@ -62,5 +62,5 @@ took "tests: ASan + UBSan"
 
 build_unit build-tsan -DSF_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
 echo "== tests: ThreadSanitizer"
-(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" ctest -L unit --output-on-failure)
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" ctest -j "$jobs" -L unit --output-on-failure)
 took "tests: TSan"
