@@ -22,7 +22,6 @@ if command -v ccache > /dev/null; then
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 
-nice_cmd=()  # (set to nice -n 19 for the sanitizer builds, below)
 build() {  # build DIR [--target T] [cmake args...]
   local dir=$1; shift
   local target=()
@@ -30,7 +29,7 @@ build() {  # build DIR [--target T] [cmake args...]
   echo "== configure and build $dir $* ${target[*]}"
   mkdir -p "$dir"
   cmake -S . -B "$dir" "${launcher[@]}" "$@" > "$dir/build.log" 2>&1 || { cat "$dir/build.log"; exit 1; }
-  "${nice_cmd[@]}" cmake --build "$dir" -j "$jobs" "${target[@]}" >> "$dir/build.log" 2>&1 || { tail -80 "$dir/build.log"; exit 1; }
+  cmake --build "$dir" -j "$jobs" "${target[@]}" >> "$dir/build.log" 2>&1 || { tail -80 "$dir/build.log"; exit 1; }
   took "build $dir"
 }
 
@@ -52,38 +51,16 @@ torch2=$(bash scripts/torch2-venv.sh | tail -1) || {
 took "packages, torch2 venv"
 
 build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSF_PYTHON_TORCH2="$torch2"
-
-# The sanitizer trees build while the full suite runs, at the lowest CPU
-# priority (nice 19): the suite's tests spend much of their time waiting
-# (processes starting, sockets, timeouts), and about half of the CPU stays
-# idle; the builds take that. Whenever a test wants a CPU the scheduler gives
-# it nearly all of it (nice 0 weighs 1024 against nice 19's 15). Their output
-# (build_unit's) is shown after the suite; a failed suite stops them.
-sanitizer_log=build/sanitizer-builds.log
-set -m  # (the builds in a process group of their own, to stop them as one)
-(
-  nice_cmd=(nice -n 19)
-  build_unit build-asan -DSF_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug
-  build_unit build-tsan -DSF_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
-) > "$sanitizer_log" 2>&1 &
-sanitizer_pid=$!
-set +m
-trap '[ -z "${sanitizer_pid:-}" ] || kill -- "-$sanitizer_pid" 2> /dev/null || true' EXIT
-
-echo "== tests: everything (the sanitizer trees building meanwhile at nice 19: $sanitizer_log)"
+echo "== tests: everything"
 (cd build && ctest -j "$jobs" --output-on-failure)
 took "tests: everything"
 
-echo "== the sanitizer builds"
-wait "$sanitizer_pid" || { cat "$sanitizer_log"; exit 1; }
-sanitizer_pid=
-cat "$sanitizer_log"
-took "sanitizer builds, what was left after the suite"
-
+build_unit build-asan -DSF_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug
 echo "== tests: AddressSanitizer + UBSan"
 (cd build-asan && ctest -j "$jobs" -L unit --output-on-failure)
 took "tests: ASan + UBSan"
 
+build_unit build-tsan -DSF_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
 echo "== tests: ThreadSanitizer"
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" ctest -j "$jobs" -L unit --output-on-failure)
 took "tests: TSan"
