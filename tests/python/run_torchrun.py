@@ -7,7 +7,10 @@ torchrun is `PY -m torch.distributed.run`, PY this script's own interpreter
 unless given (ctest starts it with each torch's python). Debian's torch 1.13
 on Python 3.11 needs --redirects 2 --tee 2 (TOOLCHAIN.md); torch 2.x accepts
 the same flags (2.15 checked); the workers print their results to stderr,
-which --tee 2 shows here.
+which --tee 2 shows here. --monitor_interval 0.1 (2.x's default): torch
+1.13's agent looks at its workers every 5 s by default, so a
+run ended up to 5 s after its workers did; the interval only sets how soon
+torchrun sees their exit, not what they do or check.
 --shim LIB preloads LIB into the workers only (torchrun --no_python runs
 `env LD_PRELOAD=LIB PY TRAINER`): the launcher itself stays clean.
 """
@@ -64,7 +67,8 @@ def main():
     trainer = [a for a in args.trainer if a != "--"]
     env = worker_env(args.env)
     cmd = [args.python, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
-           "--redirects", "2", "--tee", "2", "--master_addr", "127.0.0.1",
+           "--redirects", "2", "--tee", "2", "--monitor_interval", "0.1",
+           "--master_addr", "127.0.0.1",
            "--master_port", str(free_port())]
     if args.shim:
         cmd += ["--no_python", "/usr/bin/env", "LD_PRELOAD=" + args.shim, args.python]

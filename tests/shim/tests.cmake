@@ -27,6 +27,8 @@ add_test(NAME shim_exported_symbols
   COMMAND ${PROJECT_SOURCE_DIR}/tests/check_exports.sh $<TARGET_FILE:sfsync_shim>
           -=${SF_SHIM_TESTS}/shim_exported_symbols.txt)
 set_tests_properties(shim_exported_symbols PROPERTIES LABELS "unit;shim")
+include(${PROJECT_SOURCE_DIR}/tests/support/unit_targets.cmake)
+sf_unit_targets(sfsync_shim_tests sfsync_shim)
 
 # ---- PyTorch DDP over Gloo, 2 CPU processes (Debian's python3-torch) -------
 # The reference run uses no_sync(); the others run the same script under the
