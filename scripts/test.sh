@@ -14,13 +14,7 @@ took() { echo "   ($1: $((SECONDS - phase_start)) s)"; phase_start=$SECONDS; }
 
 bash scripts/install-deps.sh
 
-# ccache (installed by install-deps.sh) makes rebuilds of an unchanged tree
-# fast; paths are hashed relative to the checkout, so clones share hits.
-launcher=()
-if command -v ccache > /dev/null; then
-  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
-  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
+source scripts/build-env.sh  # launcher (ccache), normal_build_type
 
 build() {  # build DIR [--target T] [cmake args...]
   local dir=$1; shift
@@ -50,7 +44,7 @@ torch2=$(bash scripts/torch2-venv.sh | tail -1) || {
   echo "== scripts/torch2-venv.sh failed: the torch2 Python suites cannot run"; torch2=; }
 took "packages, torch2 venv"
 
-build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSF_PYTHON_TORCH2="$torch2"
+build build -DCMAKE_BUILD_TYPE="$normal_build_type" -DSF_PYTHON_TORCH2="$torch2"
 echo "== tests: everything"
 (cd build && ctest -j "$jobs" --output-on-failure)
 took "tests: everything"
