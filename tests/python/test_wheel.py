@@ -27,8 +27,11 @@
      from torch's libraries goes to torch's libraries, every one from the
      package to the package's vendored libgloo (no interposition between
      the two Gloos; ctypes loads libsfsync.so.1 RTLD_LOCAL);
-   - test_binding.py, test_torch_single.py, torchrun + torchrun_trainer.py
-     --variant gradsync (GradientSync through torch's store, 2 processes)
+   - test_binding.py, test_torch_single.py, test_torch_features.py,
+     test_restart_state.py, test_bucket_plan_vs_torch.py;
+     under torchrun (2 processes): torchrun_trainer.py --variant gradsync
+     (GradientSync through torch's store) and test_host_windows.py (the
+     frameworks' loop against DDP)
      and wheel_smoke.py, each checked to import the venv's package;
 4. the smoke test in a minimal Debian root (``debootstrap --variant=minbase
    --include=python3 bookworm``, then libssl3 purged: only python3 and its
@@ -286,6 +289,25 @@ def in_venv_check(vpy, venv, script, args, timeout, env=None):
     return r
 
 
+def torchrun_in_venv(vpy, work, pkg, script, args, ok_line):
+    """`script args` under the venv's torchrun (2 ranks); every rank prints
+    ok_line, and the workers' loader (LD_DEBUG=files: the OK lines do not
+    name the library) opened the package's libsfsync.so.1 and no other."""
+    ld = tempfile.mkdtemp(prefix="ld-", dir=work)
+    r = run([vpy, os.path.join(HERE, "run_torchrun.py"), "--python", vpy, "--env",
+             "LD_DEBUG=files", "--env", "LD_DEBUG_OUTPUT=" + os.path.join(ld, "ld"), "--",
+             script] + list(args), timeout=200)
+    opened = set()
+    for name in glob.glob(os.path.join(ld, "ld.*")):
+        with open(name, errors="replace") as f:
+            opened |= set(re.findall(r"file=(\S*libsfsync\.so\.1)\s", f.read()))
+    oks = re.findall(ok_line, r.stdout)
+    check(r.returncode == 0 and sorted(oks) == ["0", "1"] and
+          opened == {os.path.join(pkg, "libsfsync.so.1")},
+          "torchrun %s %s from the venv: exit %d, OK lines of ranks %s, the workers opened %s"
+          % (os.path.basename(script), " ".join(args), r.returncode, oks, sorted(opened)))
+
+
 def torch_venv(work, python, wheel):
     venv = os.path.join(work, "venv-torch2")
     r = make_venv(python, venv)
@@ -339,23 +361,13 @@ def torch_venv(work, python, wheel):
     probe = os.environ.get("SFSYNC_LAYOUT_PROBE")
     env = clean_env(**({"SFSYNC_LAYOUT_PROBE": probe} if probe and os.path.exists(probe) else {}))
     in_venv_check(vpy, venv, os.path.join(HERE, "test_binding.py"), ["-v"], 200, env)
-    in_venv_check(vpy, venv, os.path.join(HERE, "test_torch_single.py"), ["-v"], 200)
-    # The trainer's OK lines do not name the library: the workers' loader
-    # (LD_DEBUG=files) says which libsfsync.so.1 they opened.
-    ld = tempfile.mkdtemp(prefix="ld-", dir=work)
-    r = run([vpy, os.path.join(HERE, "run_torchrun.py"), "--python", vpy, "--env",
-             "LD_DEBUG=files", "--env", "LD_DEBUG_OUTPUT=" + os.path.join(ld, "ld"), "--",
-             os.path.join(HERE, "torchrun_trainer.py"), "--variant", "gradsync"], timeout=200)
-    opened = set()
-    for name in glob.glob(os.path.join(ld, "ld.*")):
-        with open(name, errors="replace") as f:
-            opened |= set(re.findall(r"file=(\S*libsfsync\.so\.1)\s", f.read()))
-    oks = re.findall(r"\[rank (\d)\] OK gradsync", r.stdout)
-    check(r.returncode == 0 and sorted(oks) == ["0", "1"] and
-          opened == {os.path.join(pkg, "libsfsync.so.1")},
-          "torchrun GradientSync (torchrun_trainer.py --variant gradsync) from the venv: "
-          "exit %d, OK lines of ranks %s, the workers opened %s" % (r.returncode, oks,
-                                                                     sorted(opened)))
+    for suite in ("test_torch_single.py", "test_torch_features.py", "test_restart_state.py",
+                  "test_bucket_plan_vs_torch.py"):
+        in_venv_check(vpy, venv, os.path.join(HERE, suite), ["-v"], 200)
+    torchrun_in_venv(vpy, work, pkg, os.path.join(HERE, "torchrun_trainer.py"),
+                     ["--variant", "gradsync"], r"\[rank (\d)\] OK gradsync")
+    torchrun_in_venv(vpy, work, pkg, os.path.join(HERE, "test_host_windows.py"), [],
+                     r"\[rank (\d)\] OK ddp-nosync")
     r = run(["unshare", "--net", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\"", vpy,
              os.path.join(HERE, "wheel_smoke.py"), "--port", "29400"], timeout=120)
     check(r.returncode == 0 and "SMOKE PASSED" in r.stdout and
