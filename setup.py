@@ -1,6 +1,7 @@
 """The pip build of the sfsync package (pyproject.toml names this file).
 
-build_py copies python/sfsync/*.py, then runs the project's CMake build of
+build_py copies python/sfsync/**/*.py (the package and its subpackages
+sfsync.torch, sfsync.integrations), then runs the project's CMake build of
 the libraries only (SF_BUILD_TESTS=OFF, SF_BUILD_SAMPLES=OFF; targets sfsync,
 sfsync_shim and sfsync_nccl where they exist) and copies libsfsync.so.1,
 libsfsync_shim.so and libsfsync_nccl.so into the package, where
@@ -20,7 +21,7 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import Distribution, setup
+from setuptools import Distribution, find_packages, setup
 from setuptools.command.build_py import build_py
 
 try:  # setuptools >= 70.1 (PyPI's, under build isolation) has its own
@@ -121,7 +122,8 @@ os.makedirs(PIP_DIR, exist_ok=True)
 setup(
     **license_metadata(),
     version=project_version(),
-    packages=["sfsync"],
+    # sfsync and its subpackages (sfsync.torch, sfsync.integrations).
+    packages=find_packages("python", include=["sfsync", "sfsync.*"]),
     package_dir={"": "python"},
     distclass=BinaryDistribution,
     cmdclass=cmdclass,

@@ -190,6 +190,12 @@ def body(python, work):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
     check(all("sfsync/" + n in names for n in built), "the wheel holds %s" % built)
+    modules = sorted(os.path.relpath(os.path.join(d, f), os.path.join(ROOT, "python"))
+                     for d, _, files in os.walk(os.path.join(ROOT, "python", "sfsync"))
+                     for f in files if f.endswith(".py"))
+    missing = [m for m in modules if m not in names]
+    check(len(modules) > 20 and not missing, "the wheel holds every module of python/sfsync, "
+          "subpackages too (%d; missing: %s)" % (len(modules), missing))
 
     # 4. a fresh venv
     # (--without-pip: ensurepip would take ~10 s; this pip installs into the

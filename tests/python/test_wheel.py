@@ -249,6 +249,13 @@ def wheel_files(wheel, bindir):
         print("  sfsync.libs: %s" % libs, flush=True)
         check(all(any(n.startswith(v + "-") for n in libs) for v in VENDORED),
               "vendored: %s" % ", ".join(VENDORED))
+        src = os.path.join(ROOT, "python")
+        modules = sorted(os.path.relpath(os.path.join(p, f), src)
+                         for p, _, files in os.walk(os.path.join(src, "sfsync"))
+                         for f in files if f.endswith(".py"))
+        missing = [m for m in modules if not os.path.exists(os.path.join(d, m))]
+        check(len(modules) > 20 and not missing, "the repaired wheel holds every module of "
+              "python/sfsync, subpackages too (%d; missing: %s)" % (len(modules), missing))
         for name in ("libsfsync.so.1", "libsfsync_shim.so", "libsfsync_nccl.so"):
             f = os.path.join(d, "sfsync", name)
             if not check(os.path.exists(f), "the wheel holds sfsync/%s" % name):

@@ -3,7 +3,7 @@ frameworks that take and drive an nn.Module (they call it, move it, put it
 in train mode, read its parameters and look for ``no_sync`` by name).
 
 It is responsible for that shape only: windows, reduction, verification and
-the optimizer are the GradientSync's (sfsync/torch.py).
+the optimizer are the GradientSync's (sfsync/torch/gradient_sync.py).
 """
 
 import inspect
@@ -12,7 +12,7 @@ import torch
 
 __all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer", "split_options"]
 
-#: Options of sync.optimizer(...) (sfsync/optim.py) that a framework's
+#: Options of sync.optimizer(...) (sfsync/torch/optim.py) that a framework's
 #: integration takes with GradientSync's and passes to the optimizer it builds.
 OPTIMIZER_OPTIONS = ("overlap_step", "overlap_gather")
 

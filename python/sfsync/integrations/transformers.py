@@ -35,6 +35,8 @@ clips by the global norm through ``SyncedModule.clip_grad_norm_`` (sfsync's
 optimizer's own when it has one).
 """
 
+import weakref
+
 from transformers import Trainer, TrainerCallback
 
 from sfsync.integrations._module import (SyncedModule, rebuild_optimizer, split_options,
@@ -61,7 +63,7 @@ class SfsyncTrainerMixin:
         self.sync = None
         super().__init__(*args, **kwargs)
         if self._keep_ddp:
-            self.add_callback(_AttachAtTrainBegin(self))
+            self.add_callback(_AttachAtTrainBegin(weakref.WeakMethod(self._attach_ddp)))
 
     def _sfsync(self):
         if self.sync is None or self.sync.context is None:
@@ -111,14 +113,13 @@ class SfsyncTrainerMixin:
 class _AttachAtTrainBegin(TrainerCallback):
     """keep_ddp: the DDP exists from train()'s start (model_wrapped)."""
 
-    def __init__(self, trainer):
-        import weakref
-        self._trainer = weakref.ref(trainer)
+    def __init__(self, attach):
+        self._attach = attach  # the trainer's _attach_ddp, as a WeakMethod
 
     def on_train_begin(self, args, state, control, **kwargs):
-        trainer = self._trainer()
-        if trainer is not None:
-            trainer._attach_ddp()
+        attach = self._attach()
+        if attach is not None:
+            attach()
 
 
 class SfsyncTrainer(SfsyncTrainerMixin, Trainer):

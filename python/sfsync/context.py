@@ -1,0 +1,454 @@
+"""Longer than 400 lines: Context is one class with a method per function of
+the ABI that takes an sf_context (every one a few lines); splitting it would
+split the ABI's one object.
+
+The Pythonic layer over the binding: ``Context`` (an sf_context: its
+gradients as numpy views, the window as a context manager, stats as a dict,
+the host's key-value store as two Python callables), ``options()`` and
+``digest()``.
+
+Responsible for: the context's lifetime and every call on it. Not
+responsible for: loading and errors (loader.py, errors.py), the declarations
+(_abi.py), torch (sfsync.torch).
+"""
+
+import contextlib
+import ctypes
+import weakref
+
+from sfsync._abi import (DEVICE_HOST, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32, DTYPE_FLOAT64,
+                         ERR_INTERNAL, ERR_INVALID_ARGUMENT, ERR_INVALID_STATE, ERR_UNSUPPORTED,
+                         LOG_WARN, REDUCE_AVERAGE, REDUCE_PRESCALED_SUM, REDUCE_SUM,
+                         RENDEZVOUS_MAX, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
+                         STORE_TIMEOUT, Options, Stats, Store)
+from sfsync._abi import _ContextPtr  # the binding's opaque pointer type (see loader.py)
+from sfsync.loader import BACKEND_NAMES, error, lib, loaded, log
+
+__all__ = ["DTYPE_SIZES", "DTYPE_NAMES", "options", "digest", "Context"]
+
+#: Bytes per element of each sf_dtype.
+DTYPE_SIZES = {DTYPE_FLOAT32: 4, DTYPE_FLOAT64: 8, DTYPE_FLOAT16: 2, DTYPE_BFLOAT16: 2}
+DTYPE_NAMES = {DTYPE_FLOAT32: "float32", DTYPE_FLOAT64: "float64", DTYPE_FLOAT16: "float16",
+               DTYPE_BFLOAT16: "bfloat16"}
+# numpy has no bfloat16: its gradients are exposed as uint16 bit patterns.
+_NUMPY_DTYPES = {DTYPE_FLOAT32: "float32", DTYPE_FLOAT64: "float64", DTYPE_FLOAT16: "float16",
+                 DTYPE_BFLOAT16: "uint16"}
+_CTYPES_ELEMENTS = {DTYPE_FLOAT32: ctypes.c_float, DTYPE_FLOAT64: ctypes.c_double,
+                    DTYPE_FLOAT16: ctypes.c_uint16, DTYPE_BFLOAT16: ctypes.c_uint16}
+
+_REDUCE_NAMES = {"average": REDUCE_AVERAGE, "sum": REDUCE_SUM,
+                 "prescaled_sum": REDUCE_PRESCALED_SUM}
+
+
+def _address_and_size(data, nbytes=None):
+    """(address, bytes) of a buffer: an int address with ``nbytes``, an object
+    with ``data_ptr()`` (a contiguous CPU torch tensor), a numpy array, or a
+    bytes-like object."""
+    if isinstance(data, int):
+        if nbytes is None:
+            raise TypeError("a raw address needs nbytes")
+        return data, int(nbytes)
+    if hasattr(data, "data_ptr") and hasattr(data, "element_size"):
+        if getattr(data, "is_cuda", False) or not data.is_contiguous():
+            raise error(ERR_INVALID_ARGUMENT, "the tensor must be a contiguous CPU tensor")
+        size = data.numel() * data.element_size()
+        return data.data_ptr(), size if nbytes is None else int(nbytes)
+    if hasattr(data, "ctypes") and hasattr(data, "nbytes"):  # numpy
+        if not data.flags["C_CONTIGUOUS"]:
+            raise error(ERR_INVALID_ARGUMENT, "the array must be C-contiguous")
+        return data.ctypes.data, data.nbytes if nbytes is None else int(nbytes)
+    view = memoryview(data)
+    if not view.contiguous:
+        raise error(ERR_INVALID_ARGUMENT, "the buffer must be contiguous")
+    raw = view.cast("B")
+    if raw.readonly:
+        buf = (ctypes.c_char * len(raw)).from_buffer_copy(raw)
+    else:
+        buf = (ctypes.c_char * len(raw)).from_buffer(raw)
+    return ctypes.addressof(buf), len(raw) if nbytes is None else int(nbytes)
+
+
+def digest(data, seed=0, nbytes=None):
+    """sf_digest: the 64-bit digest (an int) of a buffer's bytes (see
+    _address_and_size for what ``data`` may be), chained from ``seed``."""
+    address, size = _address_and_size(data, nbytes)
+    out = ctypes.c_uint64()
+    lib().sf_digest(address or None, size, seed, ctypes.byref(out))
+    return out.value
+
+
+def _set_fields(opts, overrides):
+    for key, value in overrides.items():
+        if key in ("struct_size",) or key not in dict(Options._fields_):
+            raise TypeError("options: unknown field %r (fields: %s)" % (
+                key, ", ".join(n for n, _ in Options._fields_[1:])))
+        if key == "rendezvous":
+            raw = value.encode() if isinstance(value, str) else bytes(value)
+            if len(raw) >= RENDEZVOUS_MAX:
+                raise error(ERR_INVALID_ARGUMENT, "options: rendezvous is %d bytes, at most %d "
+                             "fit" % (len(raw), RENDEZVOUS_MAX - 1))
+            value = raw
+        elif key == "backend" and isinstance(value, str):
+            value = BACKEND_NAMES[value]
+        elif key == "reduce_op" and isinstance(value, str):
+            value = _REDUCE_NAMES[value]
+        setattr(opts, key, value)
+    return opts
+
+
+def options(**overrides):
+    """An Options filled by sf_options_init (defaults + SF_* / torchrun
+    environment), then ``overrides`` (field=value; backend and reduce_op also
+    take their names, e.g. backend="gloo", reduce_op="sum")."""
+    opts = Options()
+    lib().sf_options_init(ctypes.byref(opts), ctypes.sizeof(opts))
+    return _set_fields(opts, overrides)
+
+
+class _Gradient:
+    __slots__ = ("numel", "dtype", "device", "name", "owner")
+
+    def __init__(self, numel, dtype, device, name, owner):
+        self.numel, self.dtype, self.device, self.name, self.owner = (numel, dtype, device, name,
+                                                                      owner)
+
+
+def _destroy(handle, keep=None):
+    """sf_destroy; ``keep`` (the store callbacks) is only released after it."""
+    dll = loaded()
+    if dll is not None and handle:
+        dll.sf_destroy(handle)
+    if keep:
+        del keep[:]
+
+
+class Context:
+    """An sf_context: one data-parallel group with its gradients and window.
+
+    ``Context(opts=None, **overrides)`` creates one (sf_create) from ``opts``
+    (an Options) or from ``options(**overrides)``.  ``Context.default()``
+    wraps the process-wide default context (owned by the library: close()
+    leaves it alone).
+
+    A context created here is destroyed by close(), by ``with``, or when it is
+    garbage collected.  Arrays from gradient_array() keep it alive; after an
+    explicit close() they must not be used (their memory is freed).
+    """
+
+    def __init__(self, opts=None, **overrides):
+        lib()
+        if opts is None:
+            opts = options(**overrides)
+        elif overrides:
+            copy = Options()
+            ctypes.memmove(ctypes.byref(copy), ctypes.byref(opts), ctypes.sizeof(Options))
+            opts = _set_fields(copy, overrides)
+        handle = _ContextPtr()
+        lib().sf_create(ctypes.byref(opts), ctypes.byref(handle))
+        self._init(handle, owned=True)
+
+    def _init(self, handle, owned):
+        self._handle = handle
+        self._owned = owned
+        self._grads = []
+        self._keep = []  # store callbacks: alive as long as the context
+        self._finalizer = (weakref.finalize(self, _destroy, handle, self._keep) if owned
+                           else None)
+
+    @classmethod
+    def default(cls):
+        """The process-wide default context (sf_default_context)."""
+        lib()
+        handle = _ContextPtr()
+        lib().sf_default_context(ctypes.byref(handle))
+        self = cls.__new__(cls)
+        self._init(handle, owned=False)
+        return self
+
+    # -- lifetime
+
+    @property
+    def handle(self):
+        """The raw sf_context* (for calling lib() functions directly)."""
+        if self._handle is None:
+            raise error(ERR_INVALID_STATE, "sfsync.Context: the context is closed")
+        return self._handle
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def close(self):
+        """sf_destroy (waits for collectives in flight). Idempotent."""
+        if self._handle is None:
+            return
+        if self._finalizer is not None:
+            self._finalizer()  # calls sf_destroy once
+        self._handle = None
+        self._grads = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        if self._handle is None:
+            return "<sfsync.Context closed>"
+        o = self.options()
+        return "<sfsync.Context rank %d/%d, %d gradients%s>" % (
+            o["rank"], o["world_size"], len(self._grads), "" if self._owned else ", default")
+
+    # -- options and buckets
+
+    def options(self):
+        """The effective options (sf_get_options) as a dict."""
+        out = Options()
+        out.struct_size = ctypes.sizeof(out)
+        lib().sf_get_options(self.handle, ctypes.byref(out))
+        return out.to_dict()
+
+    def set_bucket_cap_mb(self, mb):
+        lib().sf_set_bucket_cap_mb(self.handle, mb)
+
+    def set_first_bucket_cap_mb(self, mb):
+        lib().sf_set_first_bucket_cap_mb(self.handle, mb)
+
+    # -- gradients
+
+    def register_gradient(self, buffer, numel=None, dtype=None, device=DEVICE_HOST, name=None):
+        """sf_register_gradient: a buffer the host owns. ``buffer`` is a
+        C-contiguous, writable numpy array (numel and dtype from it; the
+        context keeps a reference) or a raw address (int) with ``numel`` and
+        ``dtype`` given. Returns the gradient id."""
+        owner = None
+        if isinstance(buffer, int) or buffer is None:
+            address = buffer
+            if numel is None or dtype is None:
+                raise TypeError("register_gradient: a raw address needs numel and dtype")
+        else:
+            arr = buffer
+            if not (arr.flags["C_CONTIGUOUS"] and arr.flags["WRITEABLE"]):
+                raise error(ERR_INVALID_ARGUMENT, "register_gradient: the array must be "
+                             "C-contiguous and writable")
+            found = _dtype_from_numpy(arr.dtype)
+            if dtype is not None and dtype != found:
+                raise TypeError("register_gradient: dtype %r does not match the array's %s"
+                                % (dtype, arr.dtype))
+            dtype = found
+            if numel is not None and numel != arr.size:
+                raise TypeError("register_gradient: numel %d does not match the array's size %d"
+                                % (numel, arr.size))
+            numel = arr.size
+            address = arr.ctypes.data
+            owner = arr
+        out = ctypes.c_int64(-1)
+        lib().sf_register_gradient(self.handle, address, numel, dtype, device,
+                                  _name_bytes(name), ctypes.byref(out))
+        self._remember(out.value, _Gradient(numel, dtype, device, name, owner))
+        return out.value
+
+    def add_gradient(self, numel, dtype=DTYPE_FLOAT32, device=DEVICE_HOST, name=None):
+        """sf_add_gradient: a gradient stored in the plugin's flat buffer.
+        Returns its id; get the memory with gradient_array() once all are added."""
+        out = ctypes.c_int64(-1)
+        lib().sf_add_gradient(self.handle, numel, dtype, device, _name_bytes(name),
+                             ctypes.byref(out))
+        self._remember(out.value, _Gradient(numel, dtype, device, name, None))
+        return out.value
+
+    def _remember(self, gid, grad):
+        if gid != len(self._grads):  # the ABI promises ids 0, 1, ... in order
+            raise error(ERR_INTERNAL, "sfsync returned gradient id %d, expected %d"
+                         % (gid, len(self._grads)))
+        self._grads.append(grad)
+
+    @property
+    def gradient_count(self):
+        return len(self._grads)
+
+    def build_buckets(self):
+        lib().sf_build_buckets(self.handle)
+
+    def gradient_data(self, gid):
+        """sf_gradient_data: the address (int) of gradient ``gid``."""
+        out = ctypes.c_void_p()
+        lib().sf_gradient_data(self.handle, gid, ctypes.byref(out))
+        return out.value
+
+    def gradient_array(self, gid):
+        """A numpy array over gradient ``gid``'s memory: no copy. For
+        plugin-owned gradients that is the flat buffer itself. bfloat16 is
+        returned as uint16 (numpy has no bfloat16). The array keeps this
+        Context alive."""
+        import numpy as np
+        address = self.gradient_data(gid)  # validates gid, builds buckets
+        g = self._grads[gid]
+        if g.device != DEVICE_HOST:
+            raise error(ERR_UNSUPPORTED, "gradient_array: gradient %d is not in host memory"
+                         % gid)
+        raw = (_CTYPES_ELEMENTS[g.dtype] * g.numel).from_address(address)
+        raw.sf_context = self  # the memory lives as long as the context
+        return np.frombuffer(raw, dtype=_NUMPY_DTYPES[g.dtype])
+
+    def zero_gradients(self):
+        lib().sf_zero_gradients(self.handle)
+
+    # -- the window
+
+    def begin_accumulation(self):
+        lib().sf_begin_accumulation(self.handle)
+
+    def end_accumulation(self):
+        lib().sf_end_accumulation(self.handle)
+
+    def in_accumulation(self):
+        """True inside a window (sf_in_accumulation)."""
+        return lib().sf_in_accumulation(self.handle) == 1
+
+    @contextlib.contextmanager
+    def accumulate(self):
+        """``with ctx.accumulate():`` brackets the micro-batches whose
+        gradients are only summed locally (begin/end accumulation). The window
+        is left even if the body raises, so the context stays usable."""
+        self.begin_accumulation()
+        try:
+            yield self
+        finally:
+            self.end_accumulation()
+
+    def grad_ready(self, gid):
+        lib().sf_grad_ready(self.handle, gid)
+
+    def synchronize(self):
+        lib().sf_synchronize(self.handle)
+
+    # -- set-up, broadcast and replica checks (Since 0.2)
+
+    def set_store(self, set_fn, get_fn, prefix=None):
+        """sf_set_store: rendezvous through the host's key-value store.
+
+        ``set_fn(key: str, value: bytes)`` stores a value; ``get_fn(key: str,
+        timeout_ms: int) -> bytes`` returns it once present, and raises
+        TimeoutError (or returns None) if it did not appear in time. Any other
+        exception is a store error (logged at WARN with the key). The
+        callbacks are called from sfsync's threads (ctypes takes the GIL for
+        them) and are kept alive by this Context until it is closed.
+        ``prefix`` goes before every key (the same on every rank)."""
+        cache = {}  # key -> value, for a second call with a larger buffer
+
+        def c_set(user, key, value, nbytes):
+            try:
+                set_fn(key.decode(), ctypes.string_at(value, nbytes) if nbytes else b"")
+                return STORE_OK
+            except Exception as e:  # noqa: BLE001 - no exception may cross into C
+                log(LOG_WARN, "the host store's set(%r) failed: %s" % (key, e), "python")
+                return STORE_ERROR
+
+        def c_get(user, key, timeout_ms, buffer, capacity, out_bytes):
+            name = key.decode()
+            try:
+                value = cache.pop(name, None)
+                if value is None:
+                    value = get_fn(name, int(timeout_ms))
+                if value is None:
+                    return STORE_TIMEOUT
+                value = bytes(value)
+                out_bytes[0] = len(value)
+                if len(value) <= capacity:
+                    if value:
+                        ctypes.memmove(buffer, value, len(value))
+                else:
+                    cache[name] = value
+                return STORE_OK
+            except TimeoutError:
+                return STORE_TIMEOUT
+            except Exception as e:  # noqa: BLE001
+                if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+                    return STORE_TIMEOUT
+                log(LOG_WARN, "the host store's get(%r) failed: %s" % (name, e), "python")
+                return STORE_ERROR
+
+        store = Store()
+        lib().sf_store_init(ctypes.byref(store), ctypes.sizeof(store))
+        store.set = STORE_SET_FN(c_set)
+        store.get = STORE_GET_FN(c_get)
+        lib().sf_set_store(self.handle, ctypes.byref(store), _name_bytes(prefix))
+        self._keep.append((store, c_set, c_get))  # alive until sf_destroy
+
+    def connect(self):
+        """sf_connect: join the peers now (collective), so that rendezvous
+        errors surface here rather than inside a backward pass."""
+        lib().sf_connect(self.handle)
+
+    def broadcast(self, data, root=0, nbytes=None):
+        """sf_broadcast: copy a writable buffer (contiguous CPU tensor, numpy
+        array, writable bytes-like, or int address with ``nbytes``) from rank
+        ``root`` to every rank, in place (collective)."""
+        address, size = _address_and_size(data, nbytes)
+        lib().sf_broadcast(self.handle, address or None, size, root)
+
+    def digest_gradients(self):
+        """sf_digest_gradients: the digest (int) of every registered host gradient."""
+        out = ctypes.c_uint64()
+        lib().sf_digest_gradients(self.handle, ctypes.byref(out))
+        return out.value
+
+    def check_replicas(self, value):
+        """sf_check_replicas: compare a 64-bit digest across ranks (collective).
+        Returns None when all agree; raises MismatchError on every rank
+        otherwise, naming the ranks that differ from rank 0."""
+        lib().sf_check_replicas(self.handle, int(value) & 0xFFFFFFFFFFFFFFFF)
+
+    # -- CUDA / NCCL
+
+    def set_cuda_stream(self, stream):
+        """sf_set_cuda_stream: the host's cudaStream_t (an int address, or an
+        object with ``.cuda_stream`` such as torch.cuda.Stream; None or 0 is
+        the legacy default stream) on which it produces and reads this
+        context's CUDA gradients."""
+        address = getattr(stream, "cuda_stream", stream)
+        lib().sf_set_cuda_stream(self.handle, address or None)
+
+    def adopt_nccl_comm(self, comm):
+        """sf_adopt_nccl_comm: use the host's ncclComm_t (an int address) for
+        this context's CUDA gradients; the host keeps ownership and must keep
+        it alive until this context is closed."""
+        lib().sf_adopt_nccl_comm(self.handle, comm)
+
+    # -- stats
+
+    def stats(self):
+        """sf_get_stats as a dict (keys: STATS_KEYS)."""
+        out = Stats()
+        out.struct_size = ctypes.sizeof(out)
+        lib().sf_get_stats(self.handle, ctypes.byref(out))
+        return out.to_dict()
+
+    def bucket_info(self, index):
+        """sf_bucket_info: {"bytes", "gradient_count", "dtype"} of bucket ``index``."""
+        nbytes, count, dtype = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int32()
+        lib().sf_bucket_info(self.handle, index, ctypes.byref(nbytes), ctypes.byref(count),
+                            ctypes.byref(dtype))
+        return {"bytes": nbytes.value, "gradient_count": count.value, "dtype": dtype.value}
+
+    def buckets(self):
+        """bucket_info of every bucket, in synchronization order (builds the
+        buckets if needed: no gradient can be added afterwards)."""
+        self.build_buckets()
+        return [self.bucket_info(i) for i in range(self.stats()["bucket_count"])]
+
+
+def _name_bytes(name):
+    return None if name is None else str(name).encode()
+
+
+def _dtype_from_numpy(dt):
+    by_name = {"float32": DTYPE_FLOAT32, "float64": DTYPE_FLOAT64, "float16": DTYPE_FLOAT16}
+    try:
+        return by_name[str(dt)]
+    except KeyError:
+        raise TypeError("sfsync has no dtype for numpy %s (float32, float64, float16; bfloat16 "
+                        "through a raw address)" % dt) from None

@@ -1,0 +1,209 @@
+"""Keeping DDP: ``attach(ddp_model)`` registers sfsync's communication hook
+on a DistributedDataParallel model and returns its ``DDPSync``.
+
+Responsible for: the comm hook (inside a window a bucket is returned
+locally, nothing sent; outside it is averaged with the process group's
+all-reduce, as DDP's default), the forward hooks that open a pass (and see
+DDP's own ``no_sync()``) and run the replica check after DDP's buffer
+broadcast. Not responsible for: the window rule (the face's HostWindow),
+the check itself (verify.py). One hook family, one file, as torch's
+``ddp_comm_hooks/``.
+"""
+
+import weakref
+
+import torch
+
+import sfsync
+from sfsync.host_window import HostWindow
+from sfsync.torch.face import WindowFace, check_counts, set_window
+from sfsync.torch.rendezvous import log, make_context
+from sfsync.torch.verify import Verifier, named_state
+
+__all__ = ["DDPSync", "attach"]
+
+
+class DDPSync(WindowFace):
+    """sfsync's window for a DistributedDataParallel model: a communication
+    hook that returns each bucket locally inside a window (nothing sent) and
+    averages it with the process group's all-reduce outside, as DDP's default
+    does. Made by ``attach``; see there."""
+
+    def __init__(self, ddp, accumulation_steps=None, context=None, verify_every=None,
+                 verify_buffers=False, **options):
+        import torch.distributed as dist
+        check_counts("attach", accumulation_steps, verify_every)
+        if not hasattr(ddp, "register_comm_hook"):
+            raise TypeError("attach: expected a torch.nn.parallel.DistributedDataParallel "
+                            "model, got %s" % type(ddp).__name__)
+        self.ddp = ddp
+        self.group = ddp.process_group
+        self.world_size = dist.get_world_size(self.group)
+        _refuse_python_reducer()
+        self._window = HostWindow("attach", accumulation_steps)
+        self._owns_context = context is None
+        self.context = None
+        self.context = context if context is not None else make_context(**options)
+        self.deferred_buckets = 0
+        self.reduced_buckets = 0
+        self._verify_every = verify_every
+        self._last_verified = 0
+        self._verifier = None
+        self._handles = []
+        try:
+            if self.context.options()["world_size"] > 1:
+                self.context.connect()
+            if verify_every:
+                self._verifier = Verifier(self.context, named_state(ddp.module, verify_buffers))
+            # The hooks hold weak methods (DDP keeps its comm hook state for
+            # its own life; an abandoned DDPSync must go).
+            ddp.register_comm_hook(_HookState(weakref.WeakMethod(self._hook_bucket)),
+                                   _ddp_comm_hook)
+            self._handles.append(ddp.register_forward_pre_hook(
+                _call_hook(weakref.WeakMethod(self._hook_forward))))
+            # The replica check runs at the wrapped module's forward: after
+            # DDP broadcast the buffers (broadcast_buffers), before this
+            # forward moves them (BatchNorm statistics).
+            self._handles.append(ddp.module.register_forward_pre_hook(
+                _call_hook(weakref.WeakMethod(self._hook_verify))))
+            log(sfsync.LOG_INFO, "attach: DDP comm hook, %s, world size %d%s" % (
+                "accumulation_steps=%d" % accumulation_steps if accumulation_steps
+                else "windows from no_sync()", self.world_size,
+                ", verify_every=%d" % verify_every if verify_every else ""))
+        except BaseException:
+            self.close()
+            raise
+
+    def _hook_forward(self):
+        if self.context is not None:
+            self._forward()
+
+    def _hook_verify(self):
+        if self.context is not None and torch.is_grad_enabled():
+            self._verify_if_due()
+
+    def _hook_bucket(self, bucket):
+        """The comm hook's call: None once closed (then DDP's default)."""
+        return self._hook(bucket) if self.context is not None else None
+
+    def _forward(self):
+        """DDP's forward starts a pass. Inside DDP's own no_sync() DDP calls
+        no comm hook in the backward: the pass is counted here, whole."""
+        if not torch.is_grad_enabled():
+            return
+        window = self._window
+        if not self.ddp.require_backward_grad_sync and not window.pass_open:
+            window.begin_pass(True)
+            window.end_pass()
+            set_window(self.context, True)
+            return
+        set_window(self.context, window.begin_pass(self._host_inside))
+
+    def _hook(self, bucket):
+        import torch.distributed as dist
+        window = self._window
+        local = window.begin_pass(self._host_inside)  # (decided at the forward)
+        buf = bucket.buffer()
+        if local:
+            self.deferred_buckets += 1
+            fut = torch.futures.Future()
+            fut.set_result(buf)  # the local sum stays in .grad: nothing is sent
+        else:
+            self.reduced_buckets += 1
+            buf.div_(self.world_size)
+            fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+            fut = fut.then(lambda f: f.value()[0])
+        if bucket.is_last() and window.end_pass():
+            window.close_window()
+        return fut
+
+    def verify(self):
+        verifier = self._verifier or Verifier(self.context, named_state(self.ddp.module, False))
+        verifier.check(self.windows)
+
+    def state_dict(self):
+        """As GradientSync.state_dict(): the window count and the
+        verify_every cadence, to save with the model at a step."""
+        return self._face_state_dict("DDPSync")
+
+    def load_state_dict(self, state):
+        """As GradientSync.load_state_dict()."""
+        self._face_load_state_dict("DDPSync", state)
+
+    def close(self):
+        """Remove the forward hook and close the context if made here. (DDP
+        cannot unregister a comm hook: the hook then reduces every pass.)"""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self.context is not None and self._owns_context:
+            ctx, self.context = self.context, None
+            ctx.close()
+
+
+class _HookState:
+    """The comm hook's state: a weak method of its DDPSync (DDP keeps the
+    state for its own life)."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __getstate__(self):  # DDP pickles nothing here, but be explicit
+        return {}
+
+
+def _refuse_python_reducer():
+    """attach() needs DDP's C++ reducer, which calls a comm hook once per
+    bucket: torch 2.x's compiled DDP with ``torch._dynamo.config.optimize_ddp
+    = "python_reducer"`` calls it per parameter as hook(state, (grad, param))."""
+    dynamo = getattr(getattr(torch, "_dynamo", None), "config", None)
+    mode = getattr(dynamo, "optimize_ddp", None) if dynamo is not None else None
+    if mode == "python_reducer":
+        raise RuntimeError(_PYTHON_REDUCER)
+
+
+_PYTHON_REDUCER = ("attach: torch._dynamo.config.optimize_ddp = 'python_reducer' calls DDP comm "
+                   "hooks per parameter, not per bucket: sfsync's windows need DDP's own "
+                   "reducer; use sfsync.torch.GradientSync(model) with torch.compile instead, or "
+                   "another optimize_ddp setting")
+
+
+def _ddp_comm_hook(state, bucket):
+    import torch.distributed as dist
+    if isinstance(bucket, tuple):  # the python reducer, turned on after attach
+        raise RuntimeError(_PYTHON_REDUCER)
+    hook = state.hook()
+    fut = hook(bucket) if hook is not None else None
+    if fut is None:  # closed: DDP's default
+        buf = bucket.buffer()
+        buf.div_(dist.get_world_size())
+        return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+    return fut
+
+
+def _call_hook(method):
+    """A forward pre-hook calling ``method`` (a WeakMethod) while it lives."""
+    def hook(module, inputs):
+        fn = method()
+        if fn is not None:
+            fn()
+    return hook
+
+
+def attach(ddp_model, accumulation_steps=None, **kwargs):
+    """Keep DDP, send gradients once per window: registers sfsync's comm hook
+    on ``ddp_model`` (a DistributedDataParallel) and returns its DDPSync.
+
+    ``accumulation_steps=N``: every N-th backward pass is reduced, the others
+    stay local (1x the gradient bytes per window from the first window, the
+    same weights as DDP with a correct ``no_sync()``); the loop is
+    ``loss.backward(); if sync.is_step(): opt.step(); opt.zero_grad()``.
+    A host that uses DDP's own ``no_sync()`` (or ``sync.no_sync()``; the
+    trainer frameworks do) decides the windows instead: sfsync counts those
+    passes and never defers a synchronization the host asks for; with
+    ``accumulation_steps`` too, the first window must agree with it
+    (RuntimeError naming both otherwise).
+    ``verify_every=K`` (and ``verify_buffers``) as GradientSync's. Other
+    keyword arguments go to ``make_context``.
+    """
+    return DDPSync(ddp_model, accumulation_steps=accumulation_steps, **kwargs)
