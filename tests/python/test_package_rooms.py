@@ -12,7 +12,7 @@
 """
 
 import ast
-import importlib.util
+import importlib.util  # noqa: F401 (importlib.util.find_spec below)
 import os
 import sys
 import unittest
@@ -205,11 +205,17 @@ MOVED = [("sfsync.torch", n, m) for n, m in (
     ("sfsync", n, "sfsync._abi") for n in ("ABI_VERSION", "Options", "Stats", "Store",
                                            "LOG_NONE", "LOG_WARN", "LOG_INFO", "LOG_TRACE")]
 
-#: Modules whose every public name stays where it was.
-STAYED = ["sfsync.shard", "sfsync.host_window", "sfsync.launch", "sfsync.doctor",
-          "sfsync.integrations", "sfsync.integrations.accelerate",
-          "sfsync.integrations.lightning", "sfsync.integrations.transformers",
-          "sfsync.integrations._module"]
+#: The framework integrations: sfsync.integrations.X (0.3) is
+#: sfsync.torch.integrations.X, name for name (the framework imported only
+#: where it is installed).
+INTEGRATIONS = {"_module": None, "accelerate": "accelerate", "lightning": "lightning",
+                "transformers": "transformers"}
+
+#: Modules whose public names stay where they were (their __all__, or the
+#: names listed for a module without one).
+STAYED = {"sfsync.shard": None, "sfsync.host_window": None, "sfsync.launch": None,
+          "sfsync.doctor": ["needed_libraries", "symbol_definer", "torch_gloo", "report",
+                            "main"]}
 
 
 class Locations(unittest.TestCase):
@@ -236,18 +242,31 @@ class Locations(unittest.TestCase):
 
     def test_modules_that_stayed_import_with_their_names(self):
         import importlib
-        optional = {"sfsync.integrations.accelerate": "accelerate",
-                    "sfsync.integrations.lightning": "lightning",
-                    "sfsync.integrations.transformers": "transformers"}
-        for mod in STAYED:
-            need = optional.get(mod)
-            if need is not None and importlib.util.find_spec(need) is None:
-                continue  # the framework is not installed under this interpreter
-            if mod != "sfsync.host_window" and importlib.util.find_spec("torch") is None:
-                continue
+        for mod, names in STAYED.items():
             m = importlib.import_module(mod)
-            for name in getattr(m, "__all__", []):
+            names = names or m.__all__
+            self.assertTrue(names, mod)
+            for name in names:
                 self.assertTrue(hasattr(m, name), "%s.%s" % (mod, name))
+
+    def test_integrations_are_the_same_objects_at_both_locations(self):
+        import importlib
+        import sfsync.integrations
+        if importlib.util.find_spec("torch") is None:
+            self.skipTest("no torch")
+        import sfsync.torch.integrations
+        self.assertIs(sfsync.integrations.SyncedModule, sfsync.torch.integrations.SyncedModule)
+        checked = 0
+        for mod, framework in INTEGRATIONS.items():
+            if framework is not None and importlib.util.find_spec(framework) is None:
+                continue  # the framework is not installed under this interpreter
+            old = importlib.import_module("sfsync.integrations." + mod)
+            new = importlib.import_module("sfsync.torch.integrations." + mod)
+            self.assertEqual(old.__all__, new.__all__, mod)
+            for name in new.__all__:
+                self.assertIs(getattr(old, name), getattr(new, name), "%s.%s" % (mod, name))
+                checked += 1
+        self.assertGreater(checked, 0)
 
 
 if __name__ == "__main__":

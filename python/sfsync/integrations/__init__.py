@@ -1,28 +1,14 @@
-"""sfsync inside trainer frameworks that decide their own accumulation
-windows (DESIGN.md, "Hosts that decide their own windows").
-
-One module per framework, each importing its framework only when used, so
-``import sfsync`` never needs any of them:
-
-* ``sfsync.integrations.accelerate``: HF Accelerate's ``accelerator.accumulate()``
-  loop (``prepare_model``).
-* ``sfsync.integrations.lightning``: ``SfsyncStrategy`` for a Lightning
-  ``Trainer(accumulate_grad_batches=N)``.
-* ``sfsync.integrations.transformers``: ``SfsyncTrainer`` (or the mixin
-  ``SfsyncTrainerMixin``) for the HF ``Trainer(gradient_accumulation_steps=N)``.
-
-Each follows the host's ``no_sync()``: micro-batches 1..N-1 accumulate
-locally, the pass after them synchronizes (also an epoch's short last
-window), so the gradient bytes per window are one model's worth.
-``SyncedModule`` is the DDP-shaped nn.Module they share (``.module``,
-``forward``, ``no_sync()``, ``.sync``).
-"""
+"""The 0.3 location of the framework integrations: ``sfsync.integrations``
+and its modules re-export ``sfsync.torch.integrations`` (accelerate,
+lightning, transformers, _module), where they live now. Importing this
+package needs no torch and no framework (SyncedModule is resolved when
+asked for)."""
 
 __all__ = ["SyncedModule"]
 
 
 def __getattr__(name):  # torch only when asked for
     if name == "SyncedModule":
-        from sfsync.integrations._module import SyncedModule
+        from sfsync.torch.integrations._module import SyncedModule
         return SyncedModule
     raise AttributeError("module 'sfsync.integrations' has no attribute %r" % name)

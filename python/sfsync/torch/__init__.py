@@ -54,8 +54,10 @@ The package, one module per concern (each says what it owns and what not):
 decision), ``verify`` (replica checks), ``face`` (what every host face
 shares: the HostWindow, no_sync, the face's state dict), ``gradient_sync``
 (GradientSync), ``ddp`` (attach, DDPSync, the comm hook), ``optim``
-(SyncOptimizer), ``rendezvous`` (make_context, the c10d store). This module
-only re-exports their public names.
+(SyncOptimizer; ``optim_state`` its state dicts), ``rendezvous``
+(make_context, the c10d store), ``integrations/`` (Accelerate, Lightning,
+transformers: one file each). This module only re-exports their public
+names; ``sfsync.optim`` and ``sfsync.integrations`` are their 0.3 locations.
 """
 
 from sfsync.torch.ddp import DDPSync, attach

@@ -421,7 +421,8 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             raise RuntimeError("sfsync: opt.step() was already called for window %d; step once "
                                "per window (when sync.is_step() is True)" % sync.windows)
         try:
-            if self._phase == Phase.REDUCING and not (self._sharded and self._store.mask is not None):
+            mask_apart = self._sharded and self._store.mask is not None  # summed apart
+            if self._phase == Phase.REDUCING and not mask_apart:
                 self._step_per_bucket()
             else:
                 self.wait_gradients()

@@ -44,8 +44,8 @@ class ShardedStateDicts:
         index = {id(s.tensor): k for k, s in enumerate(self._stepped)}
         groups = []
         for g, slots in zip(self.param_groups, self._full_groups):
-            groups.append(dict({k: v for k, v in g.items() if k != "params"},
-                               params=[index[id(s.tensor)] for s in slots if s.tensor is not None]))
+            ids = [index[id(s.tensor)] for s in slots if s.tensor is not None]
+            groups.append(dict({k: v for k, v in g.items() if k != "params"}, params=ids))
         state = {index[id(t)]: v for t, v in self.state.items()
                  if isinstance(t, torch.Tensor) and id(t) in index}
         return {"state": state, "param_groups": groups}

@@ -1,0 +1,92 @@
+"""SyncedModule: a GradientSync in DistributedDataParallel's shape, for
+frameworks that take and drive an nn.Module (they call it, move it, put it
+in train mode, read its parameters and look for ``no_sync`` by name).
+
+It is responsible for that shape only: windows, reduction, verification and
+the optimizer are the GradientSync's (sfsync/torch/gradient_sync.py).
+"""
+
+import inspect
+
+import torch
+
+__all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer", "split_options"]
+
+#: Options of sync.optimizer(...) (sfsync/torch/optim.py) that a framework's
+#: integration takes with GradientSync's and passes to the optimizer it builds.
+OPTIMIZER_OPTIONS = ("overlap_step", "overlap_gather")
+
+
+def split_options(options):
+    """(GradientSync's keyword arguments, sync.optimizer's) from one dict."""
+    sync = dict(options)
+    return sync, {k: sync.pop(k) for k in OPTIMIZER_OPTIONS if k in sync}
+
+
+class SyncedModule(torch.nn.Module):
+    """``SyncedModule(sync)``: ``.module`` is the GradientSync's module (a
+    submodule, so ``parameters()``, ``train()``, ``to()`` and
+    ``state_dict()`` reach it, keys prefixed ``module.`` as DDP's),
+    ``forward`` calls it through the GradientSync, ``no_sync()`` is the
+    GradientSync's (forward and backward inside it accumulate locally; the
+    next pass outside synchronizes), ``.sync`` is the GradientSync."""
+
+    def __init__(self, sync):
+        super().__init__()
+        self.module = sync.module
+        object.__setattr__(self, "sync", sync)  # not a submodule (no second parameter list)
+
+    def forward(self, *args, **kwargs):
+        call = self.sync if callable(self.sync) else self.module
+        return call(*args, **kwargs)
+
+    def no_sync(self):
+        """DDP's context manager: micro-batches 1..N-1 of a window."""
+        return self.sync.no_sync()
+
+    def is_step(self):
+        return self.sync.is_step()
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Clip by the global gradient norm (as FSDP's method of the same
+        name); returns the norm before clipping. While every ``.grad`` is
+        final (GradientSync's rule), ``torch.nn.utils.clip_grad_norm_`` over
+        the module's parameters: DDP's result bit for bit. With an
+        ``overlap_step=True`` optimizer, whose gradients are final only
+        inside its own clip and step, that optimizer's ``clip_grad_norm_``
+        (global also when sharded; the norm accumulated in float64 from the
+        shards, so it can differ from torch's float32 one in the last bits)."""
+        opt = sync_optimizer(self.sync)
+        if opt is not None and getattr(opt, "overlap_step", False):
+            return opt.clip_grad_norm_(max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)
+
+
+def sync_optimizer(sync):
+    """The optimizer made by ``sync.optimizer(...)``, or None."""
+    return getattr(sync, "sync_optimizer", None)  # (DDPSync has none: DDP steps)
+
+
+def synced(model):
+    """The SyncedModule in or at ``model`` (None if there is none)."""
+    seen = set()
+    while model is not None and id(model) not in seen:
+        seen.add(id(model))
+        if isinstance(model, SyncedModule):
+            return model
+        model = getattr(model, "module", None)
+    return None
+
+
+def rebuild_optimizer(sync, opt, **optimizer_options):
+    """``sync.optimizer`` of ``opt``'s class, parameter groups and
+    constructor defaults, for a framework that built a plain one (before any
+    step: its state is not carried over). torch's optimizers keep some
+    defaults their constructor does not take (AdamW's
+    decoupled_weight_decay): only the constructor's arguments pass."""
+    cls = type(opt)
+    accepted = inspect.signature(cls.__init__).parameters
+    defaults = {k: v for k, v in opt.defaults.items() if k in accepted}
+    groups = [{k: v for k, v in g.items() if k == "params" or k in accepted}
+              for g in opt.param_groups]
+    return sync.optimizer(cls, groups, **optimizer_options, **defaults)

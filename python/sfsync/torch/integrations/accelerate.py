@@ -1,0 +1,82 @@
+"""sfsync under HF Accelerate: ``accelerator.accumulate(model)`` drives the
+windows, sfsync carries the gradients (instead of the DDP that
+``accelerator.prepare(model)`` would wrap). The loop is Accelerate's own::
+
+    from sfsync.torch.integrations.accelerate import prepare_model
+
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    model = prepare_model(accelerator, model, verify_every=100)  # not prepare(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer, loader = accelerator.prepare(optimizer, loader)
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+
+Sharded optimizer state (a distributed optimizer): ``prepare_model(...,
+shard_optimizer=True)`` and ``optimizer = model.sync.optimizer(
+torch.optim.AdamW, model.parameters(), lr=1e-3)`` before
+``accelerator.prepare(optimizer, ...)``. A 16-bit wire: ``wire_dtype=
+sfsync.DTYPE_BFLOAT16`` (or ``SF_WIRE_DTYPE=bf16``).
+
+How it fits: ``prepare_model`` lets Accelerate place the model and apply
+its mixed precision (``prepare_model(evaluation_mode=True)``: no DDP), then
+attaches a ``GradientSync`` and returns it as a ``SyncedModule`` (``.module``
+is your model, ``.sync`` the GradientSync). ``accelerator.accumulate`` finds
+``no_sync`` on it by name, exactly as on DDP, so micro-batches 1..N-1 stay
+local and the pass after them (also the short last window that Accelerate
+cuts at the end of the dataloader) synchronizes inside its
+``backward()``; ``accelerator.sync_gradients`` and sfsync's ``is_step()``
+agree. ``accelerator.clip_grad_norm_(model.parameters(), ...)`` of this
+model goes to ``SyncedModule.clip_grad_norm_`` (the global norm, also
+sharded), as Accelerate does for FSDP models.
+"""
+
+from sfsync.torch.integrations._module import SyncedModule
+
+__all__ = ["prepare_model", "SyncedModule"]
+
+
+def prepare_model(accelerator, model, device_placement=None, **sync_options):
+    """``model`` placed and prepared by ``accelerator`` without DDP, then
+    attached to a ``sfsync.torch.GradientSync(model, **sync_options)``
+    (verify_every, shard_optimizer, wire_dtype, bucket_cap_mb, ...); returns
+    the SyncedModule to use as the model. No ``accumulation_steps``: the
+    windows are Accelerate's."""
+    from sfsync.torch import GradientSync
+    if "accumulation_steps" in sync_options:
+        raise TypeError("prepare_model: accumulation_steps is Accelerate's "
+                        "(Accelerator(gradient_accumulation_steps=N)): sfsync follows "
+                        "accelerator.accumulate()")
+    model = accelerator.prepare_model(model, device_placement=device_placement,
+                                      evaluation_mode=True)
+    model.train()
+    wrapped = SyncedModule(GradientSync(model, **sync_options))
+    _route_clip(accelerator, wrapped)
+    return wrapped
+
+
+def _route_clip(accelerator, wrapped):
+    """accelerator.clip_grad_norm_(the parameters of a SyncedModule) goes to
+    its clip_grad_norm_ (Accelerate's own branch for FSDP models does the
+    same with the FSDP module's); other parameters to Accelerate's."""
+    mine = accelerator.__dict__.setdefault("_sfsync_modules", [])
+    mine.append(wrapped)
+    if "clip_grad_norm_" in accelerator.__dict__:
+        return
+    original = accelerator.clip_grad_norm_
+
+    def clip_grad_norm_(parameters, max_norm, norm_type=2):
+        parameters = list(parameters)
+        ids = [id(p) for p in parameters]
+        for m in mine:
+            if m.sync.context is not None and ids == [id(p) for p in m.parameters()]:
+                accelerator.unscale_gradients()
+                return m.clip_grad_norm_(max_norm, norm_type)
+        return original(parameters, max_norm, norm_type)
+
+    accelerator.clip_grad_norm_ = clip_grad_norm_

@@ -1,0 +1,148 @@
+"""sfsync as a Lightning strategy: ``Trainer(accumulate_grad_batches=N)``
+decides the windows, sfsync carries the gradients::
+
+    from sfsync.torch.integrations.lightning import SfsyncStrategy
+
+    trainer = lightning.Trainer(accelerator="cpu", devices=2,
+                                strategy=SfsyncStrategy(verify_every=100),
+                                accumulate_grad_batches=4, gradient_clip_val=1.0)
+    trainer.fit(model, loader)
+
+``SfsyncStrategy(shard_optimizer=True)``: the optimizers that
+``configure_optimizers`` returns are rebuilt as sfsync's sharded optimizer of
+the same class and parameter groups (its state 1/W per rank); with an LR
+scheduler, return ``self.trainer.strategy.optimizer(torch.optim.AdamW,
+self.parameters(), lr=...)`` from ``configure_optimizers`` instead, and build
+the scheduler on it. ``overlap_step=True`` (sync.optimizer's opt-in, also
+``overlap_gather``) is passed to that optimizer: each bucket's shard steps as
+its reduction lands and no gradient gather is sent (1x the bytes instead of
+1.5x at W = 2), but ``.grad`` is final only inside the clip and the step
+(callbacks that read it in between see partial values). A 16-bit wire: ``SfsyncStrategy(wire_dtype=
+sfsync.DTYPE_BFLOAT16)`` (or ``SF_WIRE_DTYPE=bf16``). Other keyword
+arguments go to ``sfsync.torch.GradientSync`` (bucket_cap_mb, ...), those of
+DDPStrategy's constructor (process_group_backend, timeout, ...) to it.
+
+How it fits: Lightning runs micro-batches 1..N-1 (forward and backward)
+inside ``strategy.block_backward_sync()``, and ParallelStrategy's acts only
+on a DistributedDataParallel model. This strategy is DDPStrategy (processes,
+process group, samplers, launch) with the DDP wrap replaced: the
+LightningModule is attached to a GradientSync (``strategy.sync``), the
+strategy's ``model`` is a ``SyncedModule`` over it, and
+``block_backward_sync()`` is ``sync.no_sync()``. The pass after the window
+(also the epoch's short last window, on which Lightning steps) synchronizes
+inside its ``backward()``, before ``on_before_optimizer_step`` and the
+clipping. ``gradient_clip_val`` (norm) clips by the global norm over the
+model's final gradients (``SyncedModule.clip_grad_norm_``; Lightning's own
+would clip a sharded optimizer's shards by their local norm).
+"""
+
+import contextlib
+import inspect
+
+from lightning.pytorch.strategies import DDPStrategy
+
+from sfsync.torch.integrations._module import (SyncedModule, rebuild_optimizer, split_options,
+                                         sync_optimizer)
+
+__all__ = ["SfsyncStrategy"]
+
+_STRATEGY_ARGS = set(inspect.signature(DDPStrategy.__init__).parameters) - {"self", "kwargs"}
+
+
+class SfsyncStrategy(DDPStrategy):
+    """DDPStrategy with sfsync's GradientSync in place of the DDP wrap; see
+    the module docstring."""
+
+    strategy_name = "sfsync"
+
+    def __init__(self, **options):
+        if "accumulation_steps" in options:
+            raise TypeError("SfsyncStrategy: accumulation_steps is Lightning's "
+                            "(Trainer(accumulate_grad_batches=N)): sfsync follows it")
+        strategy = {k: options.pop(k) for k in list(options) if k in _STRATEGY_ARGS}
+        super().__init__(**strategy)
+        self._sync_options, self._optimizer_options = split_options(options)
+        self.sync = None
+
+    # -- the wrap
+
+    def configure_ddp(self):
+        from sfsync.torch import GradientSync
+        if self.sync is not None:  # a second fit(): a new attach
+            self._close_sync()
+        self.sync = GradientSync(self.model, **self._sync_options)
+        self.model = SyncedModule(self.sync)
+
+    @contextlib.contextmanager
+    def block_backward_sync(self):
+        """Lightning's micro-batches 1..N-1: sfsync's window."""
+        if self.sync is None or self.sync.context is None:
+            yield None
+            return
+        with self.sync.no_sync():
+            yield None
+
+    def optimizer(self, optimizer_class, params, **defaults):
+        """``configure_optimizers`` may return this: sfsync's optimizer
+        (sharded with shard_optimizer=True) of ``optimizer_class``."""
+        if self.sync is None:
+            raise RuntimeError("SfsyncStrategy.optimizer: no GradientSync yet (call it from "
+                               "configure_optimizers, during fit)")
+        return self.sync.optimizer(optimizer_class, params,
+                                   **dict(self._optimizer_options, **defaults))
+
+    def setup_optimizers(self, trainer):
+        super().setup_optimizers(trainer)
+        if not self._sync_options.get("shard_optimizer") or self.sync is None:
+            return
+        mine = sync_optimizer(self.sync)
+        for i, opt in enumerate(self.optimizers):
+            if opt is mine:
+                continue
+            if mine is not None or len(self.optimizers) > 1:
+                raise RuntimeError("SfsyncStrategy(shard_optimizer=True): one optimizer over "
+                                   "the model's parameters (configure_optimizers returned %d)"
+                                   % len(self.optimizers))
+            if any(c.scheduler.optimizer is opt for c in self.lr_scheduler_configs):
+                raise RuntimeError("SfsyncStrategy(shard_optimizer=True): an LR scheduler is "
+                                   "bound to the %s that configure_optimizers made; return "
+                                   "self.trainer.strategy.optimizer(%s, params, ...) and build "
+                                   "the scheduler on it" % (type(opt).__name__,
+                                                             type(opt).__name__))
+            self.optimizers[i] = rebuild_optimizer(self.sync, opt, **self._optimizer_options)
+            mine = self.optimizers[i]
+
+    def setup(self, trainer):
+        super().setup(trainer)
+        _route_clip(self)
+
+    # -- teardown
+
+    def _close_sync(self):
+        if self.sync is not None:
+            self.sync.close()
+        self.sync = None
+
+    def teardown(self):
+        if isinstance(self.model, SyncedModule):
+            self.model = self.lightning_module
+        self._close_sync()
+        super().teardown()
+
+
+def _route_clip(strategy):
+    """gradient_clip_val (norm) of sfsync's optimizer -> SyncedModule's
+    clip_grad_norm_: Lightning's own clips the optimizer's parameters, which
+    in a sharded context are this rank's shards (a local norm)."""
+    plugin = strategy.precision_plugin
+    if "clip_grad_by_norm" in plugin.__dict__:
+        return
+    original = plugin.clip_grad_by_norm
+
+    def clip_grad_by_norm(optimizer, clip_val):
+        mine = sync_optimizer(strategy.sync) if strategy.sync is not None else None
+        if mine is not None and optimizer is mine and isinstance(strategy.model, SyncedModule):
+            return strategy.model.clip_grad_norm_(clip_val)
+        return original(optimizer, clip_val)
+
+    plugin.clip_grad_by_norm = clip_grad_by_norm
