@@ -55,6 +55,14 @@ if [ -e "$lib/libsfsync_shim.so" ]; then
 fi
 if [ -n "$pydir" ]; then
   [ -e "$prefix/$pydir/sfsync/__init__.py" ] || { echo "missing $pydir/sfsync"; exit 1; }
+  # every module of the source package, subpackages (sfsync/torch/...) too
+  n=0
+  while IFS= read -r m; do
+    n=$((n + 1))
+    [ -e "$prefix/$pydir/$m" ] || { echo "the installed package lacks $m"; exit 1; }
+  done < <(cd "$src/python" && find sfsync -name '*.py' -not -path '*/__pycache__/*')
+  [ "$n" -gt 20 ] || { echo "only $n modules found under $src/python/sfsync"; exit 1; }
+  echo "installed package: all $n modules of python/sfsync"
   out=$(PYTHONPATH="$prefix/$pydir" "$python" -c \
     'import sfsync; print(sfsync.version(), sfsync.library_path())')
   read -r version path <<< "$out"
