@@ -76,10 +76,13 @@ def init_process_group(rank, world, attempt):
 
 def kill_in_rendezvous(rank, attempt):
     """Attempt 1, rank 1: SIGKILL right after this rank's claim reached the
-    store (sfsync writes it through make_context's store callbacks)."""
+    store (sfsync writes it through make_context's store callbacks, which
+    it takes from sfsync.torch.rendezvous; sfsync.torch._torch_store_callbacks
+    until 0.3)."""
     if attempt != 1 or rank != 1:
         return
-    real = sft._torch_store_callbacks
+    from sfsync.torch import rendezvous
+    real = rendezvous.torch_store_callbacks
 
     def callbacks(store):
         set_fn, get_fn = real(store)
@@ -89,7 +92,7 @@ def kill_in_rendezvous(rank, attempt):
             if key.endswith("/join/1"):
                 die(rank, "in the rendezvous, after publishing %s" % key)
         return set_and_die, get_fn
-    sft._torch_store_callbacks = callbacks
+    rendezvous.torch_store_callbacks = callbacks
 
 
 def save(path, runs, windows):
