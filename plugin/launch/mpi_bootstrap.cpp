@@ -16,7 +16,7 @@
 #include "plugin/core/deadline.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
-#include "plugin/tools/free_port.h"
+#include "plugin/launch/free_port.h"
 
 namespace sfsync {
 

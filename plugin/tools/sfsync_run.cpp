@@ -38,7 +38,7 @@
 
 #include <cxxopts.hpp>
 
-#include "plugin/tools/free_port.h"
+#include "plugin/launch/free_port.h"
 #include "sfsync.h"
 
 namespace {
