@@ -8,86 +8,13 @@
 #include <cstring>
 #include <sstream>
 
+#include "plugin/core/env.h"
 #include "plugin/core/error.h"
 #include "plugin/launch/mpi_bootstrap.h"
 
 namespace sfsync {
 
 namespace {
-
-// Collects parse errors so that every valid variable is still applied.
-struct EnvReader {
-  std::string firstError;
-
-  const char* get(const char* name) {
-    const char* v = std::getenv(name);
-    return (v && *v) ? v : nullptr;
-  }
-  void bad(const char* name, const char* value, const char* expected) {
-    if (!firstError.empty()) return;
-    std::ostringstream s;
-    s << "environment variable " << name << "='" << value << "' is not " << expected;
-    firstError = s.str();
-  }
-  void readInt(const char* name, int32_t& out, long lo, long hi) {
-    const char* v = get(name);
-    if (!v) return;
-    char* end = nullptr;
-    errno = 0;
-    long x = std::strtol(v, &end, 10);
-    if (errno || *end || x < lo || x > hi) {
-      std::ostringstream e;
-      e << "an integer in [" << lo << ", " << hi << "]";
-      bad(name, v, e.str().c_str());
-      return;
-    }
-    out = int32_t(x);
-  }
-  // A positive number of milliseconds: an integer, or a number such as 1e13;
-  // values past kMaxTimeoutMs (INT64_MAX and larger included) are clamped.
-  void readTimeoutMs(const char* name, int64_t& out) {
-    const char* v = get(name);
-    if (!v) return;
-    char* end = nullptr;
-    errno = 0;
-    const long long x = std::strtoll(v, &end, 10);
-    if (*end == 0 && errno == ERANGE && x == LLONG_MAX) {
-      out = kMaxTimeoutMs;
-      return;
-    }
-    if (*end == 0 && errno == 0) {
-      if (x <= 0) return bad(name, v, "a positive integer");
-      out = clampTimeoutMs(x);
-      return;
-    }
-    const double d = std::strtod(v, &end);  // 1e13, 2.5e6
-    if (*end || !std::isfinite(d) || d < 1) return bad(name, v, "a positive integer");
-    out = d >= double(kMaxTimeoutMs) ? kMaxTimeoutMs : int64_t(std::llround(d));
-  }
-  void readDouble(const char* name, double& out, bool positive) {
-    const char* v = get(name);
-    if (!v) return;
-    char* end = nullptr;
-    double x = std::strtod(v, &end);
-    if (*end || !std::isfinite(x) || (positive && x <= 0)) {
-      return bad(name, v, positive ? "a positive finite number" : "a finite number");
-    }
-    out = x;
-  }
-  void readChoice(const char* name, int32_t& out, const char* const* names, int count) {
-    const char* v = get(name);
-    if (!v) return;
-    for (int i = 0; i < count; ++i) {
-      if (std::strcmp(v, names[i]) == 0) {
-        out = i;
-        return;
-      }
-    }
-    std::string expected = "one of";
-    for (int i = 0; i < count; ++i) expected += std::string(i ? ", " : " ") + names[i];
-    bad(name, v, expected.c_str());
-  }
-};
 
 // "host:port" (or "[v6]:port") with a port in [1, 65535].
 bool tcpAddress(const char* rest) {
@@ -118,8 +45,7 @@ bool knownRendezvous(const char* url) {
 
 LauncherEnv launcherFromEnvironment(const EnvLookup& env) {
   LauncherEnv l = discoverLauncher(env, [&](const std::string& launcher) {
-    const char* setting = env("SF_MPI_LIBRARY");
-    return mpiProbe(launcher, setting && *setting ? setting : nullptr);
+    return mpiProbe(launcher, envValue(env, "SF_MPI_LIBRARY"));
   });
   if (!l.error.empty()) {  // sf_options_init applies none of the rank variables then
     l.rank = 0;
@@ -137,7 +63,7 @@ LauncherEnv launcherFromEnvironment(const EnvLookup& env) {
 }
 
 LauncherEnv launcherFromEnvironment() {
-  return launcherFromEnvironment([](const char* name) { return std::getenv(name); });
+  return launcherFromEnvironment(processEnvironment());
 }
 
 namespace {
@@ -155,16 +81,6 @@ bool copyText(char* dst, size_t size, const std::string& text) {
   return true;
 }
 
-// The value of `name` in an envp-style array: the first "name=" entry wins,
-// as getenv's does.
-const char* envpLookup(const char* const* envp, const char* name) {
-  const size_t n = std::strlen(name);
-  for (const char* const* e = envp; *e; ++e) {
-    if (std::strncmp(*e, name, n) == 0 && (*e)[n] == '=') return *e + n + 1;
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 void discoverLaunchInfo(sf_launch_info& out, uint64_t structSize, const char* const* envp) {
@@ -174,8 +90,7 @@ void discoverLaunchInfo(sf_launch_info& out, uint64_t structSize, const char* co
                                       std::to_string(kLaunchInfoV1Size) + " of sfsync 0.4");
   }
   const LauncherEnv l =
-      envp ? launcherFromEnvironment([envp](const char* name) { return envpLookup(envp, name); })
-           : launcherFromEnvironment();
+      launcherFromEnvironment(envp ? envpEnvironment(envp) : processEnvironment());
   sf_launch_info info;
   std::memset(&info, 0, sizeof info);
   info.struct_size = structSize;
@@ -196,7 +111,7 @@ void optionsFromEnvironment(sf_options& o) {
   setDefaultOptions(o);
   EnvReader env;
   const LauncherEnv launch = launcherFromEnvironment();
-  if (!launch.error.empty()) env.firstError = launch.error;
+  if (!launch.error.empty()) env.note(launch.error);
   o.rank = launch.rank;  // the defaults when the rank variables are in error
   o.world_size = launch.worldSize;
   o.local_rank = launch.localRank;
@@ -217,7 +132,7 @@ void optionsFromEnvironment(sf_options& o) {
   static const char* const kShard[] = {"none", "flat", "parameter"};
   env.readChoice("SF_SHARD", o.shard_layout, kShard, 3);
   std::strcpy(o.rendezvous, launch.rendezvous.c_str());  // fits: launcherFromEnvironment checks
-  if (!env.firstError.empty()) fail(SF_ERR_INVALID_ARGUMENT, env.firstError);
+  if (!env.firstError().empty()) fail(SF_ERR_INVALID_ARGUMENT, env.firstError());
 }
 
 sf_options optionsFromCaller(const sf_options* caller) {

@@ -27,6 +27,7 @@
 #include "plugin/backend/nccl/module_api.h"
 #include "plugin/backend/nccl/reduction_choice.h"
 #include "plugin/core/dtype.h"
+#include "plugin/core/env.h"
 #include "sfsync.h"
 
 #define SFN_EXPORT extern "C" __attribute__((visibility("default")))
@@ -123,9 +124,9 @@ std::string pathOf(void* handle) {
 // host's), else `soname` through the loader's search path (LD_LIBRARY_PATH,
 // then the system's). "" on success, else why not.
 std::string openLibrary(const char* soname, const char* envVar, void** handle, std::string* path) {
-  const char* chosen = std::getenv(envVar);
+  const char* chosen = sfsync::envValue(envVar);
   ::dlerror();
-  if (chosen && *chosen) {
+  if (chosen) {
     *handle = ::dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
     if (!*handle) return dlText() + " (from " + envVar + ")";
   } else {
