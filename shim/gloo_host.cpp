@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 
+#include "plugin/core/env.h"
 #include "sfsync.h"
 #include "shim/forward.h"
 #include "shim/shim_instance.h"
@@ -92,9 +93,9 @@ GlooHost resolve(const Dl_info& caller) {
   }
   h.facts = "host Gloo: " + where + ", not the system " + kSystem + " (" + builtAgainst() + "; " +
             systemState + ")";
-  const char* steps = std::getenv("SF_ACCUMULATION_STEPS");
+  const char* steps = sfsync::envValue("SF_ACCUMULATION_STEPS");
   const std::string windows =
-      steps && *steps ? "SF_ACCUMULATION_STEPS=" + std::string(steps) + " and sf_begin_accumulation"
+      steps ? "SF_ACCUMULATION_STEPS=" + std::string(steps) + " and sf_begin_accumulation"
                       : "SF_ACCUMULATION_STEPS and sf_begin_accumulation";
   std::string resolved;
   if (!h.forward) {

@@ -9,7 +9,7 @@
 #include "plugin/api/default_context.h"
 #include "plugin/api/guard.h"
 #include "plugin/core/log.h"
-#include "plugin/core/options.h"
+#include "plugin/launch/launch_options.h"
 
 namespace sfsync {
 

@@ -29,7 +29,7 @@ struct ReduceSpec {
   Tracer* trace = nullptr;   // SF_TRACE: where a backend records wire events
   // Reduce-scatter and all-gather: per segment, the leading elements that
   // hold data (ShardLayout::used); the elements from there up to
-  // scaledElems (the control slot; -1: the segment's end) are padding, which
+  // scaledElems (the window-check slot; -1: the segment's end) are padding, which
   // a backend may leave off the wire (their values afterwards: as before the
   // call, or summed). Empty: every element holds data.
   std::vector<int64_t> segmentUsed;
@@ -61,10 +61,11 @@ class MemoryOps {
   virtual void deallocate(void* p) noexcept { std::free(p); }
   virtual void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
   virtual void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
-  // A few bytes of control values (the window check) between host memory
-  // and this memory: write from host `src` to `dst`, ordered before the next
-  // collective's start; read `src` into host `dst` once the collectives
-  // before it are done, bounded by the timeout.
+  // A few bytes of window-check values between host memory and this memory:
+  // write from host `src` to `dst`, ordered before the next collective's
+  // start; read `src` into host `dst` once the collectives before it are
+  // done, bounded by the timeout. (Still named *Control: the reducer calls
+  // them, and its rename is another change's.)
   virtual void writeControl(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
   virtual void readControl(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
@@ -92,7 +93,7 @@ class Backend : public MemoryOps {
   // holds world_size segments of `segmentElems` elements each; afterwards
   // segment `rank` holds the elementwise sum over ranks, its first
   // spec.scaledElems elements (-1: all) multiplied by prescale * postscale
-  // (the window check's control elements after them summed as they are);
+  // (the window-check elements after them summed as they are);
   // the other segments hold unspecified values. Started in the same order on
   // every rank, in one sequence with startAllreduce.
   virtual std::unique_ptr<Work> startReduceScatter(void* data, int64_t segmentElems,

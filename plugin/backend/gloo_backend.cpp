@@ -47,6 +47,48 @@ void glooCall(const char* what, F&& f) {
   }
 }
 
+// Elements per piece of a collective over `elems` elements of `elemBytes`
+// that puts `wireBytes` on the wire: pieces of at most kWireChunkBytes on
+// the wire each (with one lane: whole), whole 64-byte lines.
+int64_t pieceElemsOf(int64_t elems, int64_t elemBytes, int64_t wireBytes, size_t lanes) {
+  if (lanes <= 1 || wireBytes <= kWireChunkBytes) return elems;
+  const int64_t lineElems = std::max<int64_t>(1, 64 / elemBytes);
+  const int64_t pieces = (wireBytes + kWireChunkBytes - 1) / kWireChunkBytes;
+  return ((elems + pieces - 1) / pieces + lineElems - 1) / lineElems * lineElems;
+}
+
+// A piece's span on its track (SF_TRACE), written when it goes out of scope:
+// also when the piece fails. `wireBytes` is read then (a ring piece learns
+// its bytes as it runs); `wireDtype` is added when given.
+class PieceSpan {
+ public:
+  PieceSpan(Tracer* trace, int track, std::string trackName, const char* what, int64_t bucket,
+            int64_t piece, const int64_t* wireBytes, const char* wireDtype = nullptr)
+      : trace_(trace), track_(track), trackName_(std::move(trackName)), what_(what),
+        bucket_(bucket), piece_(piece), wireBytes_(wireBytes), wireDtype_(wireDtype),
+        t0_(trace ? Tracer::nowUs() : 0) {}
+  PieceSpan(const PieceSpan&) = delete;
+  PieceSpan& operator=(const PieceSpan&) = delete;
+  ~PieceSpan() {
+    if (!trace_) return;
+    std::string args = "\"bucket\":" + std::to_string(bucket_) + ",\"piece\":" +
+                       std::to_string(piece_) + ",\"wire_bytes\":" + std::to_string(*wireBytes_);
+    if (wireDtype_) args += ",\"wire_dtype\":\"" + std::string(wireDtype_) + "\"";
+    trace_->nameTrack(track_, trackName_);
+    trace_->span(track_, what_, t0_, Tracer::nowUs(), args);
+  }
+
+ private:
+  Tracer* trace_;
+  int track_;
+  std::string trackName_;
+  const char* what_;
+  int64_t bucket_, piece_;
+  const int64_t* wireBytes_;
+  const char* wireDtype_;
+  double t0_;
+};
+
 template <typename T>
 void setBuffer(gloo::AllreduceOptions& opts, void* data, int64_t numel) {
   opts.setOutput(static_cast<T*>(data), size_t(numel));
@@ -157,6 +199,15 @@ std::shared_ptr<gloo::Context> GlooBackend::connectMesh(
                          std::chrono::milliseconds(opts_.timeout_ms));
 }
 
+GlooBackend::PieceSlot GlooBackend::nextPieceSlot() {
+  // Tags 1..2^31-1 (0 is the control collectives', 2^31.. the gathers'):
+  // the same on every rank, distinct among the pieces that can be in flight
+  // together.
+  const PieceSlot slot{1 + uint32_t(nextPiece_ % 0x7fffffffu), size_t(nextPiece_ % lanes_)};
+  ++nextPiece_;
+  return slot;
+}
+
 void GlooBackend::noteFailure(sf_status status, const std::string& message) {
   std::lock_guard<std::mutex> lock(failureMutex_);
   if (failed_.load()) return;
@@ -206,48 +257,27 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
   throwIfFailed();
   const sf_dtype wire =
       dtype == SF_DTYPE_FLOAT32 && opts_.wire_dtype != SF_DTYPE_FLOAT32 ? opts_.wire_dtype : dtype;
-  // Pieces of at most kWireChunkBytes (in the bucket's own dtype), whole
-  // 64-byte lines, on consecutive lanes.
+  // Pieces sized in the bucket's own dtype, on consecutive lanes.
   const int64_t elemBytes = int64_t(dtypeSize(dtype));
-  const int64_t lineElems = 64 / elemBytes;
-  int64_t pieceElems = numel;
-  if (lanes_ > 1 && numel * elemBytes > kWireChunkBytes) {
-    const int64_t pieces = (numel * elemBytes + kWireChunkBytes - 1) / kWireChunkBytes;
-    pieceElems = ((numel + pieces - 1) / pieces + lineElems - 1) / lineElems * lineElems;
-  }
+  const int64_t pieceElems = pieceElemsOf(numel, elemBytes, numel * elemBytes, lanes_);
   std::vector<std::future<TaskResult>> futures;
   for (int64_t begin = 0; begin < numel || (numel == 0 && futures.empty()); begin += pieceElems) {
     const int64_t count = std::min(pieceElems, numel - begin);
     void* at = static_cast<char*>(data) + begin * elemBytes;
     // The reducer serializes its calls: the same sequence on every rank.
-    // Tags 1..2^31-1 (0 is the control collectives'): the same on every
-    // rank, distinct among the pieces that can be in flight together.
-    const uint32_t tag = 1 + uint32_t(nextPiece_ % 0x7fffffffu);
-    const size_t lane = size_t(nextPiece_++ % lanes_);
+    const PieceSlot slot = nextPieceSlot();
+    const uint32_t tag = slot.tag;
+    const size_t lane = slot.lane;
     auto context = context_;
     std::vector<uint16_t>* scratch = &wireScratch_[lane];  // only this lane's thread uses it
     const int64_t piece = int64_t(futures.size());
     auto task = [this, context, scratch, at, begin, count, dtype, wire, spec, lane, piece, tag] {
       throwIfFailed();  // another lane failed: fail now, not at this lane's timeout
-      Tracer* trace = spec.trace;
-      const double t0 = trace ? Tracer::nowUs() : 0;
-      struct Traced {  // the piece's span on its lane's track, also when it fails
-        Tracer* trace;
-        double t0;
-        size_t lane;
-        int64_t bucket, piece, bytes;
-        sf_dtype wire;
-        ~Traced() {
-          if (!trace) return;
-          trace->nameTrack(int(1 + lane), "lane " + std::to_string(lane));
-          trace->span(int(1 + lane), "wire", t0, Tracer::nowUs(),
-                      "\"bucket\":" + std::to_string(bucket) + ",\"piece\":" +
-                          std::to_string(piece) + ",\"wire_bytes\":" + std::to_string(bytes) +
-                          ",\"wire_dtype\":\"" + dtypeName(wire) + "\"");
-        }
-      } traced{trace, t0, lane, spec.bucket, piece, count * int64_t(dtypeSize(wire)), wire};
+      const int64_t wireBytes = count * int64_t(dtypeSize(wire));
+      const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane), "wire",
+                           spec.bucket, piece, &wireBytes, dtypeName(wire));
       // The scales apply to this piece's first `scaled` elements (all but a
-      // window-check bucket's two control elements, which are summed as is).
+      // window-check bucket's two window-check elements, summed as they are).
       const int64_t scaled = spec.scaledElems < 0
                                  ? count
                                  : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
@@ -279,55 +309,23 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
                                     std::chrono::milliseconds(opts_.timeout_ms));
 }
 
-namespace {
-
-// The span of one ring piece on its track, also when it fails.
-struct RingTraced {
-  Tracer* trace;
-  int track;
-  std::string trackName;
-  const char* what;
-  int64_t bucket, piece;
-  int64_t* sent;
-  double t0;
-  RingTraced(Tracer* t, int tr, std::string name, const char* w, int64_t b, int64_t p, int64_t* s)
-      : trace(t), track(tr), trackName(std::move(name)), what(w), bucket(b), piece(p), sent(s),
-        t0(t ? Tracer::nowUs() : 0) {}
-  ~RingTraced() {
-    if (!trace) return;
-    trace->nameTrack(track, trackName);
-    trace->span(track, what, t0, Tracer::nowUs(),
-                "\"bucket\":" + std::to_string(bucket) + ",\"piece\":" + std::to_string(piece) +
-                    ",\"wire_bytes\":" + std::to_string(*sent));
-  }
-};
-
-// Pieces of one segment: at most kWireChunkBytes x world_size on the wire
-// each (with one lane: whole), whole 64-byte lines.
-int64_t ringPieceElems(int64_t segmentElems, int64_t elemBytes, int64_t world, size_t lanes) {
-  if (lanes <= 1 || segmentElems * elemBytes * world <= kWireChunkBytes) return segmentElems;
-  const int64_t lineElems = std::max<int64_t>(1, 64 / elemBytes);
-  const int64_t pieces = (segmentElems * elemBytes * world + kWireChunkBytes - 1) / kWireChunkBytes;
-  return ((segmentElems + pieces - 1) / pieces + lineElems - 1) / lineElems * lineElems;
-}
-
-}  // namespace
-
 std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmentElems,
                                                       sf_dtype dtype, ReduceSpec spec) {
   connect();
   throwIfFailed();
   const int64_t elemBytes = int64_t(dtypeSize(dtype));
-  const int64_t pieceElems =
-      std::max<int64_t>(1, ringPieceElems(segmentElems, elemBytes, opts_.world_size, lanes_));
+  // A segment's piece puts world_size times its bytes on the wire.
+  const int64_t pieceElems = std::max<int64_t>(
+      1, pieceElemsOf(segmentElems, elemBytes, segmentElems * elemBytes * opts_.world_size, lanes_));
   const int rank = opts_.rank;
   const std::chrono::milliseconds timeout(opts_.timeout_ms);
   std::vector<std::future<TaskResult>> futures;
   for (int64_t begin = 0; begin < segmentElems; begin += pieceElems) {
     const int64_t count = std::min(pieceElems, segmentElems - begin);
     // One sequence with the all-reduces: the same tags and lanes on every rank.
-    const uint32_t tag = 1 + uint32_t(nextPiece_ % 0x7fffffffu);
-    const size_t lane = size_t(nextPiece_++ % lanes_);
+    const PieceSlot slot = nextPieceSlot();
+    const uint32_t tag = slot.tag;
+    const size_t lane = slot.lane;
     auto context = context_;
     std::vector<char>* scratch = &ringScratch_[lane];  // only this lane's thread uses it
     const int64_t piece = int64_t(futures.size());
@@ -336,8 +334,8 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
                  lane, piece, tag, rank, timeout] {
       throwIfFailed();
       int64_t sent = 0;
-      RingTraced traced(spec.trace, int(1 + lane), "lane " + std::to_string(lane),
-                        "reduce_scatter", spec.bucket, piece, &sent);
+      const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane),
+                           "reduce_scatter", spec.bucket, piece, &sent);
       try {
         const int64_t dataEnd = spec.scaledElems < 0 ? segmentElems : spec.scaledElems;
         glooCall("reduce-scatter", [&] {
@@ -377,7 +375,7 @@ std::unique_ptr<Work> GlooBackend::startAllgather(void* data, int64_t segmentEle
   auto task = [this, context, base, segmentElems, dtype, spec, tag, timeout] {
     throwIfFailed();
     int64_t sent = 0;
-    RingTraced traced(spec.trace, int(1 + lanes_), "gather", "all_gather", spec.bucket, 0, &sent);
+    const PieceSpan span(spec.trace, int(1 + lanes_), "gather", "all_gather", spec.bucket, 0, &sent);
     try {
       glooCall("all-gather", [&] {
         sent = ringAllgather(*context,

@@ -5,15 +5,19 @@
 // happens on a host thread (where a dead peer's SIGPIPE would kill the
 // process). Every Gloo exception is turned into sfsync::Error here.
 //
-// Lanes: max_inflight Gloo contexts (full meshes), each with its own worker
-// thread, so that several bucket collectives are on the wire at once (as
-// ProcessGroupGloo does with its threads). Lane 0 is the context connectHere
-// makes; lanes 1.. connect through the same store under the key prefix
-// "lane<k>/". The n-th startAllreduce goes to lane n mod max_inflight: the
-// reducer starts buckets in the same order on every rank, so every rank uses
-// the same lane for the same bucket, and each lane keeps its order. When one
-// lane fails, the collectives still queued on the others fail at once with
-// that error (the whole synchronization fails, as with one lane).
+// Lanes: max_inflight worker threads that share the one Gloo context
+// connectHere makes (one connection per peer, as ProcessGroupGloo's threads
+// share theirs), so that several bucket collectives are on the wire at once;
+// each piece has a Gloo tag of its own, which keeps concurrent collectives
+// on a pair apart. Buckets over 8 MiB travel as pieces on consecutive lanes.
+// The n-th piece (all-reduces and reduce-scatters, one sequence) goes to
+// lane n mod max_inflight with tag 1 + n: the reducer starts buckets in the
+// same order on every rank, so every rank uses the same lane and tag for the
+// same piece, and each lane keeps its order. Parameter all-gathers have a
+// worker and a tag sequence of their own; the small control collectives
+// (float64 sum, layout max, broadcast, barrier) run on lane 0 with tag 0.
+// When one lane fails, the collectives still queued on the others fail at
+// once with that error (the whole synchronization fails, as with one lane).
 //
 // Wire dtype: with wire_dtype bf16/fp16 a float32 bucket is rounded into a
 // per-lane 16-bit scratch buffer, reduced there (float32 sums rounded back to
@@ -76,9 +80,13 @@ class GlooBackend : public Backend {
   // Gloo's full mesh through `store`, bounded by timeout_ms (connectGlooMesh).
   std::shared_ptr<gloo::Context> connectMesh(gloo::rendezvous::Store& store,
                                              const std::shared_ptr<gloo::transport::Device>& device);
-  // Lanes are worker threads that share the one context (one connection per
-  // peer, as ProcessGroupGloo's threads do); each piece has its own Gloo tag.
   OrderedExecutor& executorOf(size_t lane) { return lane == 0 ? executor_ : *laneExecutors_[lane - 1]; }
+  // The next piece's tag and lane (see Lanes above).
+  struct PieceSlot {
+    uint32_t tag;
+    size_t lane;
+  };
+  PieceSlot nextPieceSlot();
   // Records the first failure of any lane; later tasks fail with it.
   void noteFailure(sf_status status, const std::string& message);
   void throwIfFailed();
@@ -89,7 +97,7 @@ class GlooBackend : public Backend {
   std::shared_ptr<gloo::Context> context_;                 // every lane's, once connected
   size_t lanes_ = 0;                                       // 0 until connected
   std::vector<std::vector<uint16_t>> wireScratch_;         // per lane, used by its thread only
-  uint64_t nextPiece_ = 0;                                 // of the next startAllreduce
+  uint64_t nextPiece_ = 0;                                 // of the next piece (nextPieceSlot)
   std::atomic<bool> failed_{false};
   std::mutex failureMutex_;
   sf_status failureStatus_ = SF_OK;

@@ -18,7 +18,7 @@ namespace {
 constexpr uint64_t kReduceScatterPrefix = 0x20;
 constexpr uint64_t kAllgatherPrefix = 0x21;
 
-// A slot per step and span (at most two spans per segment: data, control).
+// A slot per step and span (at most two spans per segment: data, window check).
 uint64_t slotOf(uint64_t prefix, uint32_t tag, int step, size_t span) {
   return (prefix << 56) | (uint64_t(tag) << 24) | (uint64_t(2 * step + int(span)) & 0xffffff);
 }

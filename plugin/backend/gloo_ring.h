@@ -37,7 +37,7 @@ struct RingPiece {
 
 // The piece of elements [begin, begin + count) of every segment, less what
 // is padding: in segment k, elements [used[k], dataEnd) (`used` empty: no
-// padding; elements from dataEnd to the segment's end, the control slot,
+// padding; elements from dataEnd to the segment's end, the window-check slot,
 // travel). Adjacent ranges are merged.
 RingPiece slicePiece(char* base, int64_t segmentElems, sf_dtype dtype, int world, int64_t begin,
                      int64_t count, const std::vector<int64_t>& used, int64_t dataEnd);

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "plugin/core/env.h"
+
 namespace sfsync {
 
 namespace {
@@ -35,8 +37,8 @@ std::string hostName() {
 std::string rankText() {
   const int r = gRank.load(std::memory_order_relaxed);
   if (r >= 0) return std::to_string(r);
-  const char* env = std::getenv("RANK");
-  return (env && *env) ? env : "-";
+  const char* env = envValue("RANK");
+  return env ? env : "-";
 }
 
 // Expands %h, %p and %r in SF_DEBUG_FILE.
@@ -61,9 +63,9 @@ void configureLocked() {
     std::fclose(gFile);
     gFile = nullptr;
   }
-  const char* path = std::getenv("SF_DEBUG_FILE");
-  if (path && *path) gFile = std::fopen(expandPath(path).c_str(), "a");
-  gLevel.store(parseLevel(std::getenv("SF_DEBUG")), std::memory_order_release);
+  const char* path = envValue("SF_DEBUG_FILE");
+  if (path) gFile = std::fopen(expandPath(path).c_str(), "a");
+  gLevel.store(parseLevel(envValue("SF_DEBUG")), std::memory_order_release);
 }
 
 int level() {

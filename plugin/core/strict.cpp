@@ -3,13 +3,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "plugin/core/env.h"
 #include "plugin/core/log.h"
 
 namespace sfsync {
 
 bool strictMode() noexcept {
   static const bool strict = [] {
-    const char* v = std::getenv("SF_STRICT");
+    const char* v = envValue("SF_STRICT");  // empty: unset, 0 as before
     if (!v) return false;
     const std::string s = v;
     if (s == "1" || s == "true" || s == "yes") return true;

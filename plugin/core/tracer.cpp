@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 
+#include "plugin/core/env.h"
 #include "plugin/core/log.h"
 
 namespace sfsync {
@@ -52,8 +53,8 @@ std::string Tracer::pathFor(const std::string& pattern, int rank, int worldSize)
 }
 
 std::unique_ptr<Tracer> Tracer::fromEnvironment(int rank, int worldSize) {
-  const char* v = std::getenv("SF_TRACE");
-  if (!v || !*v) return nullptr;
+  const char* v = envValue("SF_TRACE");
+  if (!v) return nullptr;
   return std::make_unique<Tracer>(pathFor(v, rank, worldSize), rank);
 }
 

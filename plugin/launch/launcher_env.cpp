@@ -29,10 +29,7 @@ const Group kGroups[] = {
 
 constexpr long kMaxRanks = 1L << 30;
 
-const char* lookup(const EnvLookup& env, const char* name) {
-  const char* v = env(name);
-  return (v && *v) ? v : nullptr;
-}
+const char* lookup(const EnvLookup& env, const char* name) { return envValue(env, name); }
 
 // Parses a decimal integer in [lo, hi]; false (with `error` set) otherwise.
 bool parseInt(const char* name, const char* value, long lo, long hi, int32_t& out,

@@ -31,10 +31,11 @@
 #include <string>
 #include <vector>
 
+#include "plugin/core/env.h"
+
 namespace sfsync {
 
-// A variable's value, or nullptr when it is unset (an empty value counts as unset).
-using EnvLookup = std::function<const char*(const char* name)>;
+// EnvLookup (core/env.h): a variable's value, or nullptr when it is unset.
 // "" when libmpi for `launcher` ("openmpi" or "pmi") can be loaded, else why not.
 using MpiProbe = std::function<std::string(const std::string& launcher)>;
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "plugin/core/deadline.h"
+#include "plugin/core/env.h"
 #include "plugin/core/error.h"
 
 namespace sfsync {
@@ -42,10 +43,10 @@ MeetingAddress meetingAddress(const sf_options& o) {
     a.port = parsePort(rest.c_str() + colon + 1, "rendezvous = '" + url + "': the port");
     return a;
   }
-  const char* addr = std::getenv("MASTER_ADDR");
-  a.host = (addr && *addr) ? addr : "127.0.0.1";
-  const char* port = std::getenv("MASTER_PORT");
-  a.port = (port && *port) ? parsePort(port, std::string("environment variable MASTER_PORT='") + port + "'")
+  const char* addr = envValue("MASTER_ADDR");
+  a.host = addr ? addr : "127.0.0.1";
+  const char* port = envValue("MASTER_PORT");
+  a.port = port ? parsePort(port, std::string("environment variable MASTER_PORT='") + port + "'")
                            : 29500;  // torchrun's default
   return a;
 }

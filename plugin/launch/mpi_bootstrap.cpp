@@ -14,9 +14,10 @@
 #include <vector>
 
 #include "plugin/core/deadline.h"
+#include "plugin/core/env.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
-#include "plugin/tools/free_port.h"
+#include "plugin/launch/free_port.h"
 
 namespace sfsync {
 
@@ -116,14 +117,12 @@ Mpi* loadMpi(const std::string& launcher, const char* setting, std::string& why)
 }
 
 std::string launcherOfEnvironment() {
-  const char* v = std::getenv("OMPI_COMM_WORLD_SIZE");
-  return v && *v ? "openmpi" : "pmi";
+  return envValue("OMPI_COMM_WORLD_SIZE") ? "openmpi" : "pmi";
 }
 
 bool everyRankLocal(int worldSize) {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-    const char* v = std::getenv(name);
-    if (v && *v) return std::atoi(v) == worldSize;
+    if (const char* v = envValue(name)) return std::atoi(v) == worldSize;
   }
   return false;
 }
@@ -136,7 +135,7 @@ void finalizeAtExit() {
 
 MeetingAddress bootstrapOnce(int rank, int worldSize, std::chrono::milliseconds timeout) {
   std::string why;
-  Mpi* mpi = loadMpi(launcherOfEnvironment(), std::getenv("SF_MPI_LIBRARY"), why);
+  Mpi* mpi = loadMpi(launcherOfEnvironment(), envValue("SF_MPI_LIBRARY"), why);
   if (!mpi) fail(SF_ERR_BACKEND, "rendezvous mpi://: " + why);
   int initialized = 0, finalized = 0;
   mpi->initialized(&initialized);

@@ -9,16 +9,15 @@
 #include <fstream>
 #include <sstream>
 
+#include "plugin/core/env.h"
 #include "plugin/core/error.h"
 
 namespace sfsync {
 
 std::string jobToken() {
-  if (const char* t = std::getenv("SF_AUTH_TOKEN")) {
-    if (*t) return t;
-  }
-  const char* path = std::getenv("SF_AUTH_TOKEN_FILE");
-  if (!path || !*path) return "";
+  if (const char* t = envValue("SF_AUTH_TOKEN")) return t;
+  const char* path = envValue("SF_AUTH_TOKEN_FILE");
+  if (!path) return "";
   std::ifstream f(path, std::ios::binary);
   std::stringstream s;
   s << f.rdbuf();

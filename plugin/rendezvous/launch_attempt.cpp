@@ -7,6 +7,7 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include "plugin/core/env.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
 
@@ -18,10 +19,7 @@ namespace {
 constexpr std::chrono::milliseconds kProbe(1);
 constexpr int64_t kMarkedAttempts = 64;
 
-const char* envOrNull(const char* name) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? v : nullptr;
-}
+const char* envOrNull(const char* name) { return envValue(name); }
 
 int64_t countFrom(const char* variable, const char* text) {
   errno = 0;

@@ -12,6 +12,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 
 #include "plugin/core/error.h"
+#include "plugin/core/env.h"
 #include "plugin/launch/meeting_point.h"
 #include "plugin/rendezvous/file_store.h"
 #include "plugin/rendezvous/memory_store.h"
@@ -148,9 +149,7 @@ std::shared_ptr<gloo::rendezvous::Store> openStore(const sf_options& o) {
 }
 
 std::string localHostname(const sf_options& o) {
-  if (const char* h = std::getenv("SF_GLOO_HOSTNAME")) {
-    if (*h) return h;
-  }
+  if (const char* h = envValue("SF_GLOO_HOSTNAME")) return h;
   const std::string url = o.rendezvous;
   if (startsWith(url, "memory://")) return "127.0.0.1";
   // mpi:// learns rank 0's address only by bootstrapping: not for a name.

@@ -44,11 +44,11 @@
 #include "plugin/backend/gloo_backend.h"
 #include "plugin/tools/silent_listener.h"
 #include "plugin/core/error.h"
-#include "plugin/core/options.h"
+#include "plugin/launch/launch_options.h"
 #include "plugin/rendezvous/memory_store.h"
 #include "plugin/rendezvous/redis_store.h"
 #include "plugin/rendezvous/tcp_store.h"
-#include "plugin/tools/free_port.h"
+#include "plugin/launch/free_port.h"
 
 using namespace sfsync;
 using std::chrono::milliseconds;

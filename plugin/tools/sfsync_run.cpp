@@ -38,7 +38,8 @@
 
 #include <cxxopts.hpp>
 
-#include "plugin/tools/free_port.h"
+#include "plugin/core/env.h"
+#include "plugin/launch/free_port.h"
 #include "sfsync.h"
 
 namespace {
@@ -79,10 +80,7 @@ std::string randomToken() {
   return out;
 }
 
-bool envSet(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v;
-}
+bool envSet(const char* name) { return sfsync::envValue(name) != nullptr; }
 
 // One child's output stream: bytes are cut into lines and prefixed.
 struct Stream {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "plugin/core/dtype.h"
+#include "plugin/core/env.h"
 
 namespace sfshim {
 
@@ -99,22 +100,22 @@ void addBytes(int64_t& total, int64_t bytes) {
 
 ShimConfig shimConfigFromEnvironment() {
   ShimConfig c;
-  if (const char* v = std::getenv("SF_SHIM_MIN_BYTES")) {
+  if (const char* v = sfsync::envRawValue("SF_SHIM_MIN_BYTES")) {
     if (!parseInt(v, 0, INT64_MAX, &c.minBytes)) {
       c.minBytes = kDefaultShimMinBytes;
       c.problems.push_back(std::string("SF_SHIM_MIN_BYTES=") + v +
                            " is not a byte count; using " + std::to_string(c.minBytes));
     }
   }
-  if (const char* v = std::getenv("SF_ACCUMULATION_STEPS")) {
-    if (*v && !parseInt(v, 1, INT32_MAX, &c.accumulationSteps)) {
+  if (const char* v = sfsync::envValue("SF_ACCUMULATION_STEPS")) {
+    if (!parseInt(v, 1, INT32_MAX, &c.accumulationSteps)) {
       c.accumulationSteps = 0;
       c.stepsInvalid = true;
       c.problems.push_back(std::string("SF_ACCUMULATION_STEPS=") + v +
                            " is not a positive integer: passing every call through");
     }
   }
-  if (const char* v = std::getenv("SF_SHIM_REPORT")) c.reportPath = v;
+  if (const char* v = sfsync::envRawValue("SF_SHIM_REPORT")) c.reportPath = v;
   return c;
 }
 

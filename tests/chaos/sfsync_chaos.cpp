@@ -38,7 +38,7 @@
 
 #include <cxxopts.hpp>
 
-#include "plugin/tools/free_port.h"
+#include "plugin/launch/free_port.h"
 #ifdef SF_CHAOS_STORE_PROTOCOL
 #include "plugin/rendezvous/store_protocol.h"
 #endif

@@ -14,7 +14,7 @@
 
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
-#include "plugin/core/options.h"
+#include "plugin/launch/launch_options.h"
 #include "plugin/rendezvous/store_factory.h"
 #include "tests/fuzz/shim_policy_api.h"
 

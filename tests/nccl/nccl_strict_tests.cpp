@@ -198,7 +198,7 @@ BOOST_AUTO_TEST_CASE(threads2_extra_synchronization_on_device_only_layout_is_mis
 }
 
 BOOST_AUTO_TEST_CASE(threads2_device_only_windows_in_step_are_exact) {
-  // The control elements are summed unscaled beside an averaged, summed or
+  // The window-check elements are summed unscaled beside an averaged, summed or
   // pre-scaled bucket; the gradients are exact: 2 micro-batches of rank + 1.
   for (sf_reduce_op op : {SF_REDUCE_AVERAGE, SF_REDUCE_SUM, SF_REDUCE_PRESCALED_SUM}) {
     const std::string rdv = "memory://" + uniqueName("exact");

@@ -1,6 +1,6 @@
 #include "tests/support/processes.h"
 
-#include "plugin/tools/free_port.h"
+#include "plugin/launch/free_port.h"
 
 #include <netinet/in.h>
 #include <signal.h>

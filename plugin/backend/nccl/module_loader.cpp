@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "plugin/core/env.h"
 #include "plugin/core/error.h"
 
 namespace sfsync {
@@ -70,8 +71,8 @@ const sfn_api& ncclModule() {
   std::lock_guard<std::mutex> lock(gMutex);
   if (gApi) return *gApi;
   std::vector<std::string> candidates;
-  const char* env = std::getenv("SF_NCCL_MODULE");
-  if (env && *env) {
+  const char* env = envValue("SF_NCCL_MODULE");
+  if (env) {
     candidates.push_back(env);  // an explicit choice is the only one tried
   } else {
     // Next to libsfsync.so; only if it is not there, the loader's search path.

@@ -27,6 +27,7 @@
 #include "plugin/backend/nccl/module_api.h"
 #include "plugin/backend/nccl/reduction_choice.h"
 #include "plugin/core/dtype.h"
+#include "plugin/core/env.h"
 #include "sfsync.h"
 
 #define SFN_EXPORT extern "C" __attribute__((visibility("default")))
@@ -123,9 +124,9 @@ std::string pathOf(void* handle) {
 // host's), else `soname` through the loader's search path (LD_LIBRARY_PATH,
 // then the system's). "" on success, else why not.
 std::string openLibrary(const char* soname, const char* envVar, void** handle, std::string* path) {
-  const char* chosen = std::getenv(envVar);
+  const char* chosen = sfsync::envValue(envVar);
   ::dlerror();
-  if (chosen && *chosen) {
+  if (chosen) {
     *handle = ::dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
     if (!*handle) return dlText() + " (from " + envVar + ")";
   } else {
@@ -201,8 +202,8 @@ struct sfn_device {
   int device = 0;
   cudaStream_t stream = nullptr;  // the plugin's
   cudaStream_t host = nullptr;    // the host's; nullptr is the legacy default stream
-  // Small pinned staging for host <-> device control values (the window
-  // check): [0, kStage) for writes, [kStage, 2 kStage) for reads.
+  // Small pinned staging for host <-> device window-check values:
+  // [0, kStage) for writes, [kStage, 2 kStage) for reads.
   char* pinned = nullptr;
 };
 
@@ -589,7 +590,7 @@ int32_t memZero(sfn_device* d, void* p, size_t bytes, sfn_error* err) {
 
 void stagingOf(sfn_device* d, size_t bytes) {
   if (bytes > kStage) {
-    throw Failure{SF_ERR_INVALID_ARGUMENT, "control values of " + std::to_string(bytes) +
+    throw Failure{SF_ERR_INVALID_ARGUMENT, "window-check values of " + std::to_string(bytes) +
                                                " bytes exceed the " + std::to_string(kStage) +
                                                "-byte pinned staging"};
   }
@@ -598,7 +599,7 @@ void stagingOf(sfn_device* d, size_t bytes) {
   }
 }
 
-// The previous write's copy has run: the caller writes control values once
+// The previous write's copy has run: the caller writes window-check values once
 // per synchronization, and waits for that synchronization's collectives
 // (which the host's stream ordered after the copy) before the next.
 int32_t memWrite(sfn_device* d, void* dst, const void* src, size_t bytes, sfn_error* err) {
@@ -607,7 +608,7 @@ int32_t memWrite(sfn_device* d, void* dst, const void* src, size_t bytes, sfn_er
     stagingOf(d, bytes);
     std::memcpy(d->pinned, src, bytes);
     checkCuda(fn.cudaMemcpyAsync(dst, d->pinned, bytes, cudaMemcpyHostToDevice, d->host),
-              "cudaMemcpyAsync (control values to the device, on the host's stream)");
+              "cudaMemcpyAsync (window-check values to the device, on the host's stream)");
   });
 }
 
@@ -621,7 +622,7 @@ int32_t memRead(sfn_device* d, void* dst, const void* src, size_t bytes, int64_t
     checkCuda(fn.cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     try {
       checkCuda(fn.cudaMemcpyAsync(stage, src, bytes, cudaMemcpyDeviceToHost, d->host),
-                "cudaMemcpyAsync (control values from the device, on the host's stream)");
+                "cudaMemcpyAsync (window-check values from the device, on the host's stream)");
       checkCuda(fn.cudaEventRecord(done, d->host), "cudaEventRecord (host stream)");
       const Outcome o = sfsync::nccl::pollUntil(
           [&] {
@@ -631,7 +632,7 @@ int32_t memRead(sfn_device* d, void* dst, const void* src, size_t bytes, int64_t
           [] { return Poll::kPending; }, std::chrono::milliseconds(timeoutMs), sfsync::nccl::sleepOrYield);
       if (o != Outcome::kDone) {
         throw Failure{o == Outcome::kTimedOut ? SF_ERR_TIMEOUT : SF_ERR_BACKEND,
-                      "reading " + std::to_string(bytes) + " bytes of control values back from device " +
+                      "reading " + std::to_string(bytes) + " bytes of window-check values back from device " +
                           std::to_string(d->device) +
                           (o == Outcome::kTimedOut ? " did not complete within timeout_ms = " +
                                                          std::to_string(timeoutMs) + " (the host's stream is blocked)"

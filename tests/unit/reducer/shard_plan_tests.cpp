@@ -153,7 +153,7 @@ BOOST_AUTO_TEST_CASE(parameter_layout_with_fewer_gradients_than_ranks_leaves_ran
   }
   BOOST_TEST(owned[0] + owned[1] + owned[2] + owned[3] == 30);
   BOOST_TEST((owned[2] == 0 && owned[3] == 0));
-  // Whole gradients never cross a control slot: zero-copy views stay contiguous.
+  // Whole gradients never cross a window-check slot: zero-copy views stay contiguous.
   BOOST_TEST(s.contiguous(s.offsets[0], 10));
   BOOST_TEST(s.contiguous(s.offsets[1], 20));
 }

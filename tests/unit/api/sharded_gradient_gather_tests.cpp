@@ -24,7 +24,7 @@ namespace {
 // of 718 bytes or more) are [#6 #5 #4] float32, [#3 #2] bfloat16, [#1 #0]
 // float32: 180, 397 and 1007 elements. In the flat layout the window check rides in the smallest
 // float32 bucket, whose #6 straddles segments: that bucket is staged (the
-// control slots cut #6). #4 is too small for every rank to own a part, #5
+// window-check slots cut #6). #4 is too small for every rank to own a part, #5
 // never gets a gradient (an unused parameter).
 struct Tensor {
   int64_t numel;

@@ -255,7 +255,7 @@ WireRun wireWindow(int rank, int world, sf_dtype wire, const std::string& url, b
   ContextHandle h;
   if (sf_create(&o, &h.ctx) != SF_OK) return {sf_last_error()};
   // The 8.2 MiB one is split into pieces and carries the window check (its
-  // last piece holds the two unscaled control elements).
+  // last piece holds the two unscaled window-check elements).
   const std::vector<int64_t> sizes = {2100 * 1024, 4099, 100000};
   for (int64_t n : sizes) {
     int64_t id;

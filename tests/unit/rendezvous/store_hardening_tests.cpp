@@ -34,7 +34,7 @@
 #include "plugin/backend/gloo_backend.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
-#include "plugin/core/options.h"
+#include "plugin/launch/launch_options.h"
 #include "plugin/rendezvous/job_token.h"
 #include "plugin/rendezvous/memory_store.h"
 #include "plugin/rendezvous/store_factory.h"

@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "plugin/core/error.h"
-#include "plugin/core/options.h"
+#include "plugin/launch/launch_options.h"
 #include "plugin/rendezvous/memory_store.h"
 #include "plugin/rendezvous/store_factory.h"
 #include "plugin/rendezvous/tcp_store.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "plugin/core/error.h"
-#include "plugin/core/options.h"
+#include "plugin/launch/launch_options.h"
 
 using namespace sfsync;
 

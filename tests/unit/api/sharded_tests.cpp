@@ -523,7 +523,7 @@ BOOST_AUTO_TEST_CASE(allreduce_float64_sums_and_checks_counts_3_thread_ranks_glo
 
 BOOST_AUTO_TEST_CASE(out_of_step_ranks_fail_in_a_sharded_bucket_3_thread_ranks_gloo) {
   // Rank 2 counts one window more; each rank checks its own segment's
-  // control slot, and every rank fails.
+  // window-check slot, and every rank fails.
   const std::string rdv = "memory://" + uniqueName("step");
   struct R {
     std::string error, message;
@@ -621,7 +621,7 @@ BOOST_AUTO_TEST_CASE(shard_env_variable_is_parsed) {
 
 BOOST_AUTO_TEST_CASE(trace_has_reduce_scatters_and_gathers_with_their_bytes_2_thread_ranks_gloo) {
   // One bucket of 4000 float32 (W = 2): segments of U = 2000 plus a 16-element
-  // control slot; each rank sends (W-1) x 2016 x 4 bytes in the reduce-scatter
+  // window-check slot; each rank sends (W-1) x 2016 x 4 bytes in the reduce-scatter
   // and (W-1) x 2000 x 4 in the all-gather, per window.
   const std::string dir = "/tmp/" + uniqueName("sfshardtrace");
   BOOST_REQUIRE(::system(("mkdir -p " + dir).c_str()) == 0);

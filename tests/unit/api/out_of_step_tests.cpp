@@ -253,7 +253,7 @@ BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_in_step_runs_are_unaffected) {
 }
 
 BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_every_dtype_and_reduce_op_in_step) {
-  // The control elements are excluded from averaging and pre-scaling: every
+  // The window-check elements are excluded from averaging and pre-scaling: every
   // gradient element, in the control bucket too, is exactly as expected.
   for (sf_dtype d : {SF_DTYPE_FLOAT32, SF_DTYPE_FLOAT64, SF_DTYPE_FLOAT16, SF_DTYPE_BFLOAT16}) {
     for (sf_reduce_op op : {SF_REDUCE_AVERAGE, SF_REDUCE_SUM, SF_REDUCE_PRESCALED_SUM}) {
