@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstring>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "plugin/core/log.h"
 #include "plugin/core/options.h"
 #include "plugin/core/strict.h"
+#include "plugin/reducer/agreement.h"
 
 namespace sfsync {
 
@@ -142,12 +144,10 @@ void* Context::gradientData(int64_t id) {
 }
 
 void Context::beginAccumulation() {
-  if (inWindow_.load(std::memory_order_relaxed)) {
+  if (clock_.inWindow()) {
     // Said at the call: a host that ignores the status (ctypes does) would
     // otherwise keep window K open, and under the shim train on local gradients.
-    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
-    refusedBeginWindow_.store(k, std::memory_order_relaxed);
-    refusedBegins_.fetch_add(1, std::memory_order_release);
+    const int64_t k = clock_.refuseBegin();
     SF_LOG(kWarn, "window",
            "sf_begin_accumulation inside window " << k
                << " refused (SF_ERR_INVALID_STATE): window " << k
@@ -166,38 +166,20 @@ void Context::beginAccumulation() {
          "bucket collectives started by sf_grad_ready are still in flight; call sf_synchronize "
          "before starting a new window");
   }
-  // A begin opens a window, except one that follows an end with no
-  // synchronization between in a host that reports gradients (then no pass
-  // ran outside the windows: it brackets its micro-batches one by one, and
-  // consecutive windows are one). A host that reports nothing cannot be told
-  // apart from one that skipped an sf_synchronize: each begin counts.
-  if (begunSinceSync_.load(std::memory_order_relaxed) == 0 ||
-      !hostReportsReady_.load(std::memory_order_relaxed)) {
-    // Window calls do not race with each other: a plain increment, no RMW.
-    begunSinceSync_.store(begunSinceSync_.load(std::memory_order_relaxed) + 1,
-                          std::memory_order_relaxed);
-  }
-  readyInWindow_.store(0, std::memory_order_relaxed);
   if (trace_) windowStartUs_ = Tracer::nowUs();
-  windowsBegun_.fetch_add(1, std::memory_order_release);
-  inWindow_.store(true, std::memory_order_release);
+  clock_.begin();  // the numbering rules live there
 }
 
 void Context::endAccumulation() {
-  if (!inWindow_.load(std::memory_order_relaxed)) {
+  if (!clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE, "not inside an accumulation window (sf_end_accumulation without "
                                "sf_begin_accumulation)");
   }
   const int64_t n = gradientCount_.load(std::memory_order_relaxed);
-  if (n > 0) {
-    deferredPasses_.fetch_add(readyInWindow_.load(std::memory_order_relaxed) / n,
-                              std::memory_order_relaxed);
-  }
-  inWindow_.store(false, std::memory_order_release);
-  windowsEnded_.fetch_add(1, std::memory_order_relaxed);
+  clock_.end(n);
   if (n == 0 && !followed_.load(std::memory_order_relaxed)) {
     // Nothing registered, nothing interposed, nobody asked: the window changed nothing.
-    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
+    const int64_t k = clock_.windowsBegun();
     const bool strict = strictMode();
     if (!saidAffectsNothing_.exchange(true)) {
       SF_LOG(kWarn, "window",
@@ -217,35 +199,15 @@ void Context::endAccumulation() {
   }
 }
 
-int64_t Context::currentWindow() const {
-  // The window a synchronization now would complete: windows begun since the
-  // last one; else an implicit window of one micro-batch (no begin), unless
-  // the host reports gradients and reported none since: then this is an
-  // extra synchronization and claims the previous window's number again.
-  const int64_t last = windowNumber_.load(std::memory_order_relaxed);
-  const int64_t begun = begunSinceSync_.load(std::memory_order_relaxed);
-  if (begun > 0) return last + begun;
-  if (hostReportsReady_.load(std::memory_order_relaxed) &&
-      readyOutsideSinceSync_.load(std::memory_order_relaxed) == 0) {
-    return last;
-  }
-  return last + 1;
-}
-
 void Context::gradReady(int64_t id) {
   checkId(id);
-  if (!hostReportsReady_.load(std::memory_order_relaxed)) {
-    hostReportsReady_.store(true, std::memory_order_relaxed);
-  }
-  if (inWindow_.load(std::memory_order_acquire)) {
-    // Inside a window nothing is communicated: count and return.
-    readyInWindow_.fetch_add(1, std::memory_order_relaxed);
-    deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
+  const std::optional<int64_t> window = clock_.gradReady();
+  if (!window) {
+    // Inside a window nothing is communicated: counted, done.
     if (trace_) tracePass(true);
     return;
   }
-  readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
-  reducer_.markReady(id, currentWindow());
+  reducer_.markReady(id, *window);
   if (trace_) tracePass(false);
 }
 
@@ -261,13 +223,13 @@ void Context::tracePass(bool inWindow) {
 }
 
 void Context::synchronize() {
-  if (inWindow_.load(std::memory_order_acquire)) {
+  if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_synchronize inside an accumulation window: the optimizer would step on unreduced "
          "gradients; call sf_end_accumulation first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t window = currentWindow();
+  const int64_t window = clock_.current();
   const double t0Us = trace_ ? Tracer::nowUs() : 0;
   try {
     reducer_.synchronize(window);
@@ -278,9 +240,7 @@ void Context::synchronize() {
     }
     throw;
   }
-  windowNumber_.store(window, std::memory_order_relaxed);
-  begunSinceSync_.store(0, std::memory_order_relaxed);
-  readyOutsideSinceSync_.store(0, std::memory_order_relaxed);
+  clock_.synchronized(window);
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now() - t0)
                          .count();
@@ -294,7 +254,6 @@ void Context::synchronize() {
     std::lock_guard<std::mutex> lock(traceMutex_);
     readyInPass_ = 0;  // a new window starts with a new pass
   }
-  windowsCompleted_.fetch_add(1, std::memory_order_relaxed);
   // This window's collectives: since the previous synchronization (hooks
   // may have started them before this call).
   const ReducerCounters after = reducer_.counters();
@@ -313,10 +272,10 @@ void Context::synchronize() {
 sf_stats Context::stats() const {
   sf_stats s{};
   s.struct_size = sizeof s;
-  s.windows_begun = windowsBegun_.load(std::memory_order_relaxed);
-  s.windows_completed = windowsCompleted_.load(std::memory_order_relaxed);
-  s.deferred_passes = deferredPasses_.load(std::memory_order_relaxed);
-  s.deferred_ready_calls = deferredReadyCalls_.load(std::memory_order_relaxed);
+  s.windows_begun = clock_.windowsBegun();
+  s.windows_completed = clock_.windowsCompleted();
+  s.deferred_passes = clock_.deferredPasses();
+  s.deferred_ready_calls = clock_.deferredReadyCalls();
   const ReducerCounters c = reducer_.counters();
   s.collectives_issued = c.collectives;
   s.early_launches = c.earlyLaunches;
@@ -365,7 +324,7 @@ Backend& Context::controlBackend() {
 }
 
 void Context::checkIdle(const char* what) const {
-  if (inWindow_.load(std::memory_order_acquire)) {
+  if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE, std::string(what) +
                                    " inside an accumulation window: every rank must call it "
                                    "between windows (after sf_synchronize)");
@@ -422,12 +381,11 @@ void Context::broadcast(void* data, uint64_t bytes, int32_t root) {
   Backend& backend = controlBackend();
   // Ranks that disagree on size or root would leave a receiver waiting for
   // bytes that never come (or overrun its buffer): check first, on every rank.
-  int64_t agree[4] = {int64_t(bytes), -int64_t(bytes), root, -root};
-  backend.allreduceMaxInt64(agree, 4);
-  if (agree[0] != -agree[1] || agree[2] != -agree[3]) {
+  const std::vector<RankRange> agree = agreeAcrossRanks(backend, {int64_t(bytes), root});
+  if (!agree[0].agreed() || !agree[1].agreed()) {
     std::ostringstream s;
-    s << "ranks passed different arguments: bytes from " << -agree[1] << " to " << agree[0]
-      << ", root from " << -agree[3] << " to " << agree[2] << " (this rank: bytes = " << bytes
+    s << "ranks passed different arguments: bytes from " << agree[0].lo << " to " << agree[0].hi
+      << ", root from " << agree[1].lo << " to " << agree[1].hi << " (this rank: bytes = " << bytes
       << ", root = " << root << ")";
     fail(SF_ERR_MISMATCH, s.str());
   }
@@ -528,12 +486,12 @@ int64_t Context::gradientBucket(int64_t id) {
 }
 
 void Context::synchronizeStart() {
-  if (inWindow_.load(std::memory_order_acquire)) {
+  if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_synchronize_start inside an accumulation window: the optimizer would step on "
          "unreduced gradients; call sf_end_accumulation first");
   }
-  reducer_.synchronizeStart(currentWindow());
+  reducer_.synchronizeStart(clock_.current());
 }
 
 void Context::waitBucket(int64_t bucket) { reducer_.waitBucket(bucket); }
@@ -560,7 +518,7 @@ void Context::gatherParameters() {
 }
 
 void Context::gatherGradients() {
-  if (inWindow_.load(std::memory_order_acquire)) {
+  if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_gather_gradients inside an accumulation window: the window's gradients are not "
          "reduced yet (call sf_end_accumulation, then sf_synchronize, then sf_gather_gradients)");
@@ -582,11 +540,10 @@ void Context::allreduceFloat64(double* values, int64_t count) {
   connect();
   Backend& backend = controlBackend();
   // Ranks that pass different counts would pair unequal buffers: check first.
-  int64_t agree[2] = {count, -count};
-  backend.allreduceMaxInt64(agree, 2);
-  if (agree[0] != -agree[1]) {
-    fail(SF_ERR_MISMATCH, "ranks passed different counts: from " + std::to_string(-agree[1]) +
-                              " to " + std::to_string(agree[0]) + " (this rank: count = " +
+  const RankRange agree = agreeAcrossRanks(backend, {count})[0];
+  if (!agree.agreed()) {
+    fail(SF_ERR_MISMATCH, "ranks passed different counts: from " + std::to_string(agree.lo) +
+                              " to " + std::to_string(agree.hi) + " (this rank: count = " +
                               std::to_string(count) + ")");
   }
   if (count == 0) return;
