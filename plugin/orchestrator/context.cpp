@@ -5,7 +5,6 @@
 #include "plugin/orchestrator/context.h"
 
 #include <chrono>
-#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -200,13 +199,13 @@ void Context::endAccumulation() {
 
 void Context::gradReady(int64_t id) {
   checkId(id);
-  const std::optional<int64_t> window = clock_.gradReady();
-  if (!window) {
+  int64_t window = 0;
+  if (!clock_.gradReady(&window)) {
     // Inside a window nothing is communicated: counted, done.
     if (trace_) tracePass(true);
     return;
   }
-  reducer_.markReady(id, *window);
+  reducer_.markReady(id, window);
   if (trace_) tracePass(false);
 }
 

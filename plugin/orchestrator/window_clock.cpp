@@ -1,3 +1,6 @@
+// WindowClock (window_clock.h): the two numbering rules, each in one
+// function (begin, current); no communication and no messages here.
+
 #include "plugin/orchestrator/window_clock.h"
 
 namespace sfsync {
@@ -30,19 +33,6 @@ void WindowClock::end(int64_t gradients) {
   }
   inWindow_.store(false, std::memory_order_release);
   windowsEnded_.fetch_add(1, std::memory_order_relaxed);
-}
-
-std::optional<int64_t> WindowClock::gradReady() {
-  if (!hostReportsReady_.load(std::memory_order_relaxed)) {
-    hostReportsReady_.store(true, std::memory_order_relaxed);
-  }
-  if (inWindow_.load(std::memory_order_acquire)) {
-    readyInWindow_.fetch_add(1, std::memory_order_relaxed);
-    deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
-    return std::nullopt;
-  }
-  readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
-  return current();
 }
 
 int64_t WindowClock::current() const {

@@ -27,7 +27,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <optional>
 
 namespace sfsync {
 
@@ -46,10 +45,22 @@ class WindowClock {
   // Closes the open window (the caller checked inWindow()); `gradients`
   // registered turns its grad-ready calls into deferred passes.
   void end(int64_t gradients);
-  // A gradient reported ready: inside a window, counted and nothing more
-  // (std::nullopt: communicate nothing); outside, the number of the window
-  // its reduction belongs to.
-  std::optional<int64_t> gradReady();
+  // A gradient reported ready: inside a window, counted and false
+  // (communicate nothing); outside, true with `*window` the number of the
+  // window its reduction belongs to. Inline: the hot path of every hook.
+  bool gradReady(int64_t* window) {
+    if (!hostReportsReady_.load(std::memory_order_relaxed)) {
+      hostReportsReady_.store(true, std::memory_order_relaxed);
+    }
+    if (inWindow_.load(std::memory_order_acquire)) {
+      readyInWindow_.fetch_add(1, std::memory_order_relaxed);
+      deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
+    *window = current();
+    return true;
+  }
   // The window a synchronization now would complete (the rules above).
   int64_t current() const;
   // The synchronization of window `number` (what current() returned) succeeded.

@@ -1,3 +1,6 @@
+// agreeAcrossRanks (agreement.h): the pairs on the wire and their unpacking;
+// nothing else.
+
 #include "plugin/reducer/agreement.h"
 
 namespace sfsync {

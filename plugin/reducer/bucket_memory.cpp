@@ -1,3 +1,6 @@
+// BucketMemory (bucket_memory.h): layout sums, allocation, views and staging
+// copies; no collective and no window check here.
+
 #include "plugin/reducer/bucket_memory.h"
 
 #include <algorithm>

@@ -1,3 +1,6 @@
+// BucketCycle (bucket_state.h): the transition table and the checks each
+// transition makes; no collective is started or waited for here.
+
 #include "plugin/reducer/bucket_state.h"
 
 #include <string>

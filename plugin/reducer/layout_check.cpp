@@ -1,3 +1,6 @@
+// checkLayoutAcrossRanks (layout_check.h): what is compared and how the
+// first difference is worded; when it runs is the reducer's.
+
 #include "plugin/reducer/layout_check.h"
 
 #include <sstream>

@@ -1,3 +1,6 @@
+// WindowCheck (window_check.h): the carrier rule, the modulus, the encoding
+// and the verification; it owns no memory and starts no bucket collective.
+
 #include "plugin/reducer/window_check.h"
 
 #include <cmath>
