@@ -9,7 +9,7 @@
 // host-facing checks (the reducer refuses a misuse with SF_ERR_INVALID_STATE
 // before it asks for a transition).
 //
-// The cycle: the transitions bucketTransitionAllowed allows, and no other:
+// The cycle: the transitions kBucketTransitions allows, and no other:
 //   idle      -> filling    the first of its gradients reported ready
 //   idle      -> reducing   started with none reported (sf_synchronize[_start])
 //   filling   -> reducing   started (complete, or by a synchronization)
@@ -41,13 +41,30 @@
 namespace sfsync {
 
 enum class BucketState : uint8_t { kIdle, kFilling, kReducing, kReduced, kGathering };
+constexpr int kBucketStates = 5;
+
+// kBucketTransitions[from][to]: the whole cycle above, and nothing else.
+inline constexpr bool kBucketTransitions[kBucketStates][kBucketStates] = {
+    //             idle   filling reducing reduced gathering
+    /* idle */     {false, true,   true,    false,  false},
+    /* filling */  {false, false,  true,    false,  false},
+    /* reducing */ {true,  false,  false,   true,   false},
+    /* reduced */  {true,  false,  false,   false,  true},
+    /* gathering */{false, false,  true,    false,  false},
+};
 
 const char* bucketStateName(BucketState state);
-bool bucketTransitionAllowed(BucketState from, BucketState to);
+// The table, for any two values (false for one that is no state).
+inline bool bucketTransitionAllowed(BucketState from, BucketState to) {
+  const int f = int(from), t = int(to);
+  return f < kBucketStates && t < kBucketStates && kBucketTransitions[f][t];
+}
 
+// Inline: every grad-ready and every bucket of every window passes here.
 class BucketCycle {
  public:
-  BucketCycle(int64_t bucket, int64_t gradients);
+  BucketCycle(int64_t bucket, int64_t gradients)
+      : bucket_(bucket), gradients_(gradients), pending_(gradients) {}
 
   BucketState state() const { return state_; }
   // Gradients of the bucket not reported since the last synchronization.
@@ -55,29 +72,78 @@ class BucketCycle {
   bool complete() const { return pending_ == 0; }
   // Whether the bucket's reduction of pass `pass` is in place (reduced, or
   // gathering since then).
-  bool reducedIn(int64_t pass) const;
+  bool reducedIn(int64_t pass) const {
+    return (state_ == BucketState::kReduced || state_ == BucketState::kGathering) &&
+           reducedPass_ == pass;
+  }
   bool gathering() const { return state_ == BucketState::kGathering; }
 
   // ---- Transitions (each checked by moveTo) ---------------------------------
-  void gradientReported();            // pending - 1; idle -> filling
-  void reportsCleared();              // a synchronization completed: all pending again
-  void newWindow();                   // reduced -> idle; idle and gathering stay
-  void startReduction(std::unique_ptr<Work> work);  // idle|filling|gathering -> reducing
-  void reductionDone(int64_t pass);   // reducing -> reduced; the handle released
-  void startGather(std::unique_ptr<Work> work);     // reduced -> gathering
-  void gatherDone();                  // gathering: the (waited) handle released
+  // pending - 1; idle -> filling.
+  void gradientReported() {
+    if (pending_ <= 0) internal("a gradient reported with none pending");
+    --pending_;
+    if (state_ == BucketState::kIdle) moveTo(BucketState::kFilling);
+  }
+  // A synchronization completed: all pending again.
+  void reportsCleared() { pending_ = gradients_; }
+  // reduced -> idle; idle and gathering stay.
+  void newWindow() {
+    if (state_ == BucketState::kReduced) {
+      moveTo(BucketState::kIdle);
+    } else if (state_ != BucketState::kIdle && state_ != BucketState::kGathering) {
+      internal("a new window began while the bucket was in this state");
+    }
+  }
+  // idle|filling|gathering (its gather waited) -> reducing.
+  void startReduction(std::unique_ptr<Work> work) {
+    if (!work) internal("a reduction started without a collective");
+    if (work_) internal("a reduction started while a collective of the bucket is in flight");
+    moveTo(BucketState::kReducing);
+    work_ = std::move(work);
+  }
+  // reducing -> reduced; the handle released.
+  void reductionDone(int64_t pass) {
+    moveTo(BucketState::kReduced);
+    work_.reset();
+    reducedPass_ = pass;
+  }
+  // reduced -> gathering.
+  void startGather(std::unique_ptr<Work> work) {
+    if (!work) internal("a gather started without a collective");
+    moveTo(BucketState::kGathering);
+    work_ = std::move(work);
+  }
+  // gathering: the (waited) handle released.
+  void gatherDone() {
+    if (state_ != BucketState::kGathering) internal("a gather finished that was never started");
+    work_.reset();
+  }
   // Drained (after a failure, at teardown): the handle released; a
   // reduction is abandoned (reducing -> idle), a gather is over.
-  void abandon();
+  void abandon() {
+    work_.reset();
+    if (state_ == BucketState::kReducing) moveTo(BucketState::kIdle);
+  }
 
   // The collective in flight: the reduction (reducing) or the parameter
   // gather (gathering, not waited yet); nullptr when none.
   Work* inFlight() const { return work_.get(); }
   // The reduction in flight; SF_ERR_INTERNAL when the bucket is not reducing.
-  Work& reduction() const;
+  Work& reduction() const {
+    if (state_ != BucketState::kReducing || !work_) {
+      internal("waiting for a reduction that is not in flight");
+    }
+    return *work_;
+  }
 
  private:
-  void moveTo(BucketState to);  // the one place a state changes
+  // The one place a state changes.
+  void moveTo(BucketState to) {
+    if (!kBucketTransitions[int(state_)][int(to)]) illegal(to);
+    state_ = to;
+  }
+  [[noreturn]] void illegal(BucketState to) const;
   [[noreturn]] void internal(const char* what) const;
 
   int64_t bucket_;
