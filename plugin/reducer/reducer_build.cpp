@@ -113,7 +113,9 @@ void Reducer::buildLocked() {
   check_.choose(plan_, opts_.world_size, shard_, opts_.wire_dtype);
   memory_.build(grads_, plan_, check_.reserve(plan_.size()), opts_.world_size, shard_);
   cycles_.clear();
-  for (size_t i = 0; i < plan_.size(); ++i) cycles_.emplace_back(int64_t(i), int64_t(plan_[i].grads.size()));
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    cycles_.emplace_back(int64_t(i), int64_t(plan_[i].grads.size()));
+  }
   gradientGathers_.clear();
   gradientGathers_.resize(plan_.size());
   built_.store(true, std::memory_order_release);

@@ -203,8 +203,9 @@ void Reducer::gatherGradients() {
       spec.bucket = int64_t(i);
       spec.trace = trace_;
       spec.segmentUsed = b.layout.used;
-      gradientGathers_[i] = backendFor_(b.plan->device)
-                                .startAllgather(b.storage, b.layout.segmentElems, b.plan->dtype, spec);
+      Backend& backend = backendFor_(b.plan->device);
+      gradientGathers_[i] =
+          backend.startAllgather(b.storage, b.layout.segmentElems, b.plan->dtype, spec);
     } catch (const Error& e) {
       failWith(e.status(), e.what());  // drains the gathers already started
     }

@@ -39,7 +39,8 @@ ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, in
     const bool sharded = layout != SF_SHARD_NONE;
     s.world = 1;
     s.shardElems = sharded ? roundUp(total, align) : total;
-    s.reservedElems = reserve > 0 && sharded ? roundUp(reserve, align) : std::max<int64_t>(reserve, 0);
+    s.reservedElems =
+        reserve > 0 && sharded ? roundUp(reserve, align) : std::max<int64_t>(reserve, 0);
     s.segmentElems = s.shardElems + s.reservedElems;
     s.offsets = packed;
     s.used = {total};

@@ -81,7 +81,8 @@ BOOST_AUTO_TEST_CASE(the_table_allows_exactly_the_cycle) {
     }
   }
   BOOST_TEST(count == 8);
-  BOOST_TEST(!bucketTransitionAllowed(S(9), S::kIdle));  // not a state: refused, no read past the table
+  // Not a state: refused, no read past the table.
+  BOOST_TEST(!bucketTransitionAllowed(S(9), S::kIdle));
   BOOST_TEST(std::string(bucketStateName(S::kGathering)) == "gathering");
   BOOST_TEST(std::string(bucketStateName(S(9))) == "not a bucket state");
 }
