@@ -1,16 +1,16 @@
+// The Context: its backends, registration and validation, the window calls
+// (asking its WindowClock) and the synchronizations they allow, the stats.
+// The control collectives between windows are in context_control.cpp.
+
 #include "plugin/orchestrator/context.h"
 
 #include <chrono>
-#include <climits>
-#include <cstring>
-#include <iomanip>
 #include <sstream>
 #include <vector>
 
 #include "plugin/backend/gloo_backend.h"
 #include "plugin/backend/local_backend.h"
 #include "plugin/backend/nccl/nccl_backend.h"
-#include "plugin/core/digest.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
@@ -142,12 +142,10 @@ void* Context::gradientData(int64_t id) {
 }
 
 void Context::beginAccumulation() {
-  if (inWindow_.load(std::memory_order_relaxed)) {
+  if (clock_.inWindow()) {
     // Said at the call: a host that ignores the status (ctypes does) would
     // otherwise keep window K open, and under the shim train on local gradients.
-    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
-    refusedBeginWindow_.store(k, std::memory_order_relaxed);
-    refusedBegins_.fetch_add(1, std::memory_order_release);
+    const int64_t k = clock_.refuseBegin();
     SF_LOG(kWarn, "window",
            "sf_begin_accumulation inside window " << k
                << " refused (SF_ERR_INVALID_STATE): window " << k
@@ -166,38 +164,20 @@ void Context::beginAccumulation() {
          "bucket collectives started by sf_grad_ready are still in flight; call sf_synchronize "
          "before starting a new window");
   }
-  // A begin opens a window, except one that follows an end with no
-  // synchronization between in a host that reports gradients (then no pass
-  // ran outside the windows: it brackets its micro-batches one by one, and
-  // consecutive windows are one). A host that reports nothing cannot be told
-  // apart from one that skipped an sf_synchronize: each begin counts.
-  if (begunSinceSync_.load(std::memory_order_relaxed) == 0 ||
-      !hostReportsReady_.load(std::memory_order_relaxed)) {
-    // Window calls do not race with each other: a plain increment, no RMW.
-    begunSinceSync_.store(begunSinceSync_.load(std::memory_order_relaxed) + 1,
-                          std::memory_order_relaxed);
-  }
-  readyInWindow_.store(0, std::memory_order_relaxed);
   if (trace_) windowStartUs_ = Tracer::nowUs();
-  windowsBegun_.fetch_add(1, std::memory_order_release);
-  inWindow_.store(true, std::memory_order_release);
+  clock_.begin();  // the numbering rules live there
 }
 
 void Context::endAccumulation() {
-  if (!inWindow_.load(std::memory_order_relaxed)) {
+  if (!clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE, "not inside an accumulation window (sf_end_accumulation without "
                                "sf_begin_accumulation)");
   }
   const int64_t n = gradientCount_.load(std::memory_order_relaxed);
-  if (n > 0) {
-    deferredPasses_.fetch_add(readyInWindow_.load(std::memory_order_relaxed) / n,
-                              std::memory_order_relaxed);
-  }
-  inWindow_.store(false, std::memory_order_release);
-  windowsEnded_.fetch_add(1, std::memory_order_relaxed);
+  clock_.end(n);
   if (n == 0 && !followed_.load(std::memory_order_relaxed)) {
     // Nothing registered, nothing interposed, nobody asked: the window changed nothing.
-    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
+    const int64_t k = clock_.windowsBegun();
     const bool strict = strictMode();
     if (!saidAffectsNothing_.exchange(true)) {
       SF_LOG(kWarn, "window",
@@ -217,35 +197,15 @@ void Context::endAccumulation() {
   }
 }
 
-int64_t Context::currentWindow() const {
-  // The window a synchronization now would complete: windows begun since the
-  // last one; else an implicit window of one micro-batch (no begin), unless
-  // the host reports gradients and reported none since: then this is an
-  // extra synchronization and claims the previous window's number again.
-  const int64_t last = windowNumber_.load(std::memory_order_relaxed);
-  const int64_t begun = begunSinceSync_.load(std::memory_order_relaxed);
-  if (begun > 0) return last + begun;
-  if (hostReportsReady_.load(std::memory_order_relaxed) &&
-      readyOutsideSinceSync_.load(std::memory_order_relaxed) == 0) {
-    return last;
-  }
-  return last + 1;
-}
-
 void Context::gradReady(int64_t id) {
   checkId(id);
-  if (!hostReportsReady_.load(std::memory_order_relaxed)) {
-    hostReportsReady_.store(true, std::memory_order_relaxed);
-  }
-  if (inWindow_.load(std::memory_order_acquire)) {
-    // Inside a window nothing is communicated: count and return.
-    readyInWindow_.fetch_add(1, std::memory_order_relaxed);
-    deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
+  int64_t window = 0;
+  if (!clock_.gradReady(&window)) {
+    // Inside a window nothing is communicated: counted, done.
     if (trace_) tracePass(true);
     return;
   }
-  readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
-  reducer_.markReady(id, currentWindow());
+  reducer_.markReady(id, window);
   if (trace_) tracePass(false);
 }
 
@@ -261,13 +221,13 @@ void Context::tracePass(bool inWindow) {
 }
 
 void Context::synchronize() {
-  if (inWindow_.load(std::memory_order_acquire)) {
+  if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_synchronize inside an accumulation window: the optimizer would step on unreduced "
          "gradients; call sf_end_accumulation first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t window = currentWindow();
+  const int64_t window = clock_.current();
   const double t0Us = trace_ ? Tracer::nowUs() : 0;
   try {
     reducer_.synchronize(window);
@@ -278,9 +238,7 @@ void Context::synchronize() {
     }
     throw;
   }
-  windowNumber_.store(window, std::memory_order_relaxed);
-  begunSinceSync_.store(0, std::memory_order_relaxed);
-  readyOutsideSinceSync_.store(0, std::memory_order_relaxed);
+  clock_.synchronized(window);
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now() - t0)
                          .count();
@@ -294,7 +252,6 @@ void Context::synchronize() {
     std::lock_guard<std::mutex> lock(traceMutex_);
     readyInPass_ = 0;  // a new window starts with a new pass
   }
-  windowsCompleted_.fetch_add(1, std::memory_order_relaxed);
   // This window's collectives: since the previous synchronization (hooks
   // may have started them before this call).
   const ReducerCounters after = reducer_.counters();
@@ -313,10 +270,10 @@ void Context::synchronize() {
 sf_stats Context::stats() const {
   sf_stats s{};
   s.struct_size = sizeof s;
-  s.windows_begun = windowsBegun_.load(std::memory_order_relaxed);
-  s.windows_completed = windowsCompleted_.load(std::memory_order_relaxed);
-  s.deferred_passes = deferredPasses_.load(std::memory_order_relaxed);
-  s.deferred_ready_calls = deferredReadyCalls_.load(std::memory_order_relaxed);
+  s.windows_begun = clock_.windowsBegun();
+  s.windows_completed = clock_.windowsCompleted();
+  s.deferred_passes = clock_.deferredPasses();
+  s.deferred_ready_calls = clock_.deferredReadyCalls();
   const ReducerCounters c = reducer_.counters();
   s.collectives_issued = c.collectives;
   s.early_launches = c.earlyLaunches;
@@ -354,142 +311,7 @@ void Context::bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype
   if (dtype) *dtype = b.dtype;
 }
 
-// ---- Since 0.2: the host's store, collective set-up and checks ------------
-
-void Context::setStore(const sf_store& store, const char* prefix) {
-  rendezvous_->setHostStore(store, prefix ? prefix : "");
-}
-
-Backend& Context::controlBackend() {
-  return backendFor(opts_.backend == SF_BACKEND_NCCL ? SF_DEVICE_CUDA : SF_DEVICE_HOST);
-}
-
-void Context::checkIdle(const char* what) const {
-  if (inWindow_.load(std::memory_order_acquire)) {
-    fail(SF_ERR_INVALID_STATE, std::string(what) +
-                                   " inside an accumulation window: every rank must call it "
-                                   "between windows (after sf_synchronize)");
-  }
-  if (reducer_.inFlight()) {
-    fail(SF_ERR_INVALID_STATE, std::string(what) +
-                                   " while bucket collectives started by sf_grad_ready are in "
-                                   "flight; call sf_synchronize first");
-  }
-}
-
-void Context::connect() {
-  std::lock_guard<std::mutex> lock(connectMutex_);
-  if (connected_) return;
-  if (opts_.world_size > 1) {
-    Backend& backend = controlBackend();
-    backend.connect();  // admission (Rendezvous::store) happens here
-    // A second process that claimed a rank while the others connected wrote
-    // its claim again; whoever sees that tells every rank, so that the whole
-    // job fails the same way instead of some ranks training with a stranger.
-    const std::string duplicate = rendezvous_->recheck();
-    int64_t flag = duplicate.empty() ? 0 : int64_t(opts_.rank) + 1;
-    backend.allreduceMaxInt64(&flag, 1);
-    if (!duplicate.empty()) fail(SF_ERR_MISMATCH, duplicate);
-    if (flag != 0) {
-      fail(SF_ERR_MISMATCH, "rank " + std::to_string(flag - 1) +
-                                " is claimed by two processes (that rank's log says which); "
-                                "check RANK and the launcher");
-    }
-    SF_LOG(kInfo, "connect", "rank " << opts_.rank << " of " << opts_.world_size
-                                     << " connected (" << backend.name() << ")");
-  }
-  connected_ = true;
-}
-
-void Context::broadcast(void* data, uint64_t bytes, int32_t root) {
-  if (!data && bytes > 0) {
-    fail(SF_ERR_INVALID_ARGUMENT, "data is NULL with bytes = " + std::to_string(bytes));
-  }
-  if (root < 0 || root >= opts_.world_size) {
-    fail(SF_ERR_INVALID_ARGUMENT, "root = " + std::to_string(root) + " is not a rank in [0, " +
-                                      std::to_string(opts_.world_size) + ")");
-  }
-  if (bytes > uint64_t(INT64_MAX)) {
-    fail(SF_ERR_INVALID_ARGUMENT, "bytes = " + std::to_string(bytes) + " is too large");
-  }
-  checkIdle("sf_broadcast");
-  if (opts_.world_size == 1) return;
-  if (opts_.backend == SF_BACKEND_NCCL) {
-    fail(SF_ERR_UNSUPPORTED, "sf_broadcast copies host memory, which needs the Gloo transport: "
-                             "with backend = nccl it is not available (use backend = auto)");
-  }
-  connect();
-  Backend& backend = controlBackend();
-  // Ranks that disagree on size or root would leave a receiver waiting for
-  // bytes that never come (or overrun its buffer): check first, on every rank.
-  int64_t agree[4] = {int64_t(bytes), -int64_t(bytes), root, -root};
-  backend.allreduceMaxInt64(agree, 4);
-  if (agree[0] != -agree[1] || agree[2] != -agree[3]) {
-    std::ostringstream s;
-    s << "ranks passed different arguments: bytes from " << -agree[1] << " to " << agree[0]
-      << ", root from " << -agree[3] << " to " << agree[2] << " (this rank: bytes = " << bytes
-      << ", root = " << root << ")";
-    fail(SF_ERR_MISMATCH, s.str());
-  }
-  if (bytes == 0) return;
-  backend.broadcast(data, size_t(bytes), root);
-}
-
-uint64_t Context::digestGradients() {
-  if (gradientCount_.load(std::memory_order_relaxed) == 0) {
-    fail(SF_ERR_INVALID_STATE, "no gradient is registered");
-  }
-  reducer_.build();
-  if (reducer_.inFlight()) {
-    fail(SF_ERR_INVALID_STATE, "bucket collectives are in flight (their gradients are changing); "
-                               "call sf_synchronize first");
-  }
-  uint64_t h = 0;
-  const int64_t n = reducer_.gradientCount();
-  for (int64_t id = 0; id < n; ++id) {
-    const Reducer::GradientBytes g = reducer_.gradientBytesOf(id);
-    if (g.device == SF_DEVICE_HOST) h = digest64(g.data, size_t(g.bytes), h);
-  }
-  return h;
-}
-
-void Context::checkReplicas(uint64_t digest) {
-  checkIdle("sf_check_replicas");
-  if (opts_.world_size == 1) return;
-  connect();
-  // An allgather as a max-reduction: each rank fills its own slot, the others
-  // hold the smallest value (a digest equal to it still wins its own slot).
-  const int world = opts_.world_size;
-  std::vector<int64_t> slots(size_t(world), INT64_MIN);
-  int64_t mine;
-  std::memcpy(&mine, &digest, sizeof mine);
-  slots[size_t(opts_.rank)] = mine;
-  controlBackend().allreduceMaxInt64(slots.data(), world);
-  std::vector<int> differ;
-  for (int r = 1; r < world; ++r) {
-    if (slots[size_t(r)] != slots[0]) differ.push_back(r);
-  }
-  if (differ.empty()) return;
-  std::ostringstream s;
-  s << std::hex << std::setfill('0');
-  s << "replicas differ: rank" << (differ.size() > 1 ? "s " : " ");
-  for (size_t i = 0; i < differ.size() && i < 32; ++i) s << (i ? ", " : "") << std::dec << differ[i];
-  if (differ.size() > 32) s << ", ... (" << std::dec << differ.size() << " ranks)";
-  s << " of " << std::dec << world << " hold a digest different from rank 0's (rank 0: 0x"
-    << std::hex << std::setw(16) << uint64_t(slots[0]);
-  for (size_t i = 0; i < differ.size() && i < 4; ++i) {
-    s << ", rank " << std::dec << differ[i] << ": 0x" << std::hex << std::setw(16)
-      << uint64_t(slots[size_t(differ[i])]);
-  }
-  s << ")";
-  fail(SF_ERR_MISMATCH, s.str());
-}
-
-}  // namespace sfsync
-
-namespace sfsync {
-
-// ---- Since 0.3: sharded windows and per-bucket completion -----------------
+// ---- Sharded windows, per-bucket completion, gathers ------------------------
 
 void Context::setShardLayout(sf_shard_layout layout) {
   if (layout < SF_SHARD_NONE || layout > SF_SHARD_PARAMETER) {
@@ -528,12 +350,12 @@ int64_t Context::gradientBucket(int64_t id) {
 }
 
 void Context::synchronizeStart() {
-  if (inWindow_.load(std::memory_order_acquire)) {
+  if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_synchronize_start inside an accumulation window: the optimizer would step on "
          "unreduced gradients; call sf_end_accumulation first");
   }
-  reducer_.synchronizeStart(currentWindow());
+  reducer_.synchronizeStart(clock_.current());
 }
 
 void Context::waitBucket(int64_t bucket) { reducer_.waitBucket(bucket); }
@@ -560,37 +382,12 @@ void Context::gatherParameters() {
 }
 
 void Context::gatherGradients() {
-  if (inWindow_.load(std::memory_order_acquire)) {
+  if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_gather_gradients inside an accumulation window: the window's gradients are not "
          "reduced yet (call sf_end_accumulation, then sf_synchronize, then sf_gather_gradients)");
   }
   reducer_.gatherGradients();
-}
-
-void Context::allreduceFloat64(double* values, int64_t count) {
-  if (count < 0) fail(SF_ERR_INVALID_ARGUMENT, "count = " + std::to_string(count) + " is negative");
-  if (!values && count > 0) {
-    fail(SF_ERR_INVALID_ARGUMENT, "values is NULL with count = " + std::to_string(count));
-  }
-  checkIdle("sf_allreduce_float64");
-  if (opts_.world_size == 1) return;
-  if (opts_.backend == SF_BACKEND_NCCL) {
-    fail(SF_ERR_UNSUPPORTED, "sf_allreduce_float64 sums host memory, which needs the Gloo "
-                             "transport: with backend = nccl it is not available (use auto)");
-  }
-  connect();
-  Backend& backend = controlBackend();
-  // Ranks that pass different counts would pair unequal buffers: check first.
-  int64_t agree[2] = {count, -count};
-  backend.allreduceMaxInt64(agree, 2);
-  if (agree[0] != -agree[1]) {
-    fail(SF_ERR_MISMATCH, "ranks passed different counts: from " + std::to_string(-agree[1]) +
-                              " to " + std::to_string(agree[0]) + " (this rank: count = " +
-                              std::to_string(count) + ")");
-  }
-  if (count == 0) return;
-  backend.allreduceSumFloat64(values, count);
 }
 
 }  // namespace sfsync

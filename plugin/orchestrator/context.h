@@ -1,10 +1,10 @@
 #pragma once
 // A context: one data-parallel group, the orchestrator above the reducer,
 // the backends and the rendezvous (which it owns and hands down; none of
-// them includes this file). Responsible for the window state
-// machine (what may be communicated when), argument validation and the
-// stats; delegates gradients and buckets to the Reducer and transport to the
-// backends. Not responsible for how bytes move.
+// them includes this file). Responsible for what may be communicated when
+// (asking its WindowClock, which owns the window state and number), argument
+// validation and the stats; delegates gradients and buckets to the Reducer
+// and transport to the backends. Not responsible for how bytes move.
 
 #include <atomic>
 #include <map>
@@ -13,6 +13,7 @@
 
 #include "plugin/backend/backend.h"
 #include "plugin/core/tracer.h"
+#include "plugin/orchestrator/window_clock.h"
 #include "plugin/reducer/reducer.h"
 #include "plugin/rendezvous/rendezvous.h"
 #include "sfsync.h"
@@ -26,46 +27,84 @@ class Context {
   explicit Context(const sf_options& opts);  // validated options
   ~Context();
 
+  // ---- Options and registration -------------------------------------------
   const sf_options& options() const { return opts_; }
   void setBucketCapMb(double mb);
   void setFirstBucketCapMb(double mb);
-
+  void setShardLayout(sf_shard_layout layout);
   int64_t registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_device device,
                            const char* name);
+  void registerParameter(int64_t id, void* data, int64_t numel, sf_dtype dtype, sf_device device);
+  int64_t gradientsRegistered() const { return gradientCount_.load(std::memory_order_relaxed); }
+  // CUDA gradients: the host's stream and, optionally, its communicator.
+  void setCudaStream(void* stream);
+  void adoptNcclComm(void* comm);
+  // sf_set_store: the host's store (struct already size-checked) for every
+  // rendezvous of this context. SF_ERR_INVALID_STATE once the store is in use.
+  void setStore(const sf_store& store, const char* prefix);
+
+  // ---- Buckets and buffers (the reducer's, checked here) --------------------
   void buildBuckets() { reducer_.build(); }
   void* gradientData(int64_t id);
+  void* parameterData(int64_t id);
   void zeroGradients() { reducer_.zero(); }
+  void shardRange(int64_t id, int64_t* offset, int64_t* count);
+  int64_t gradientBucket(int64_t id);
+  void bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype* dtype) const;
 
+  // ---- Windows (the clock's state; what they allow to be communicated) ------
   void beginAccumulation();
   void endAccumulation();
-  bool inAccumulation() const { return inWindow_.load(std::memory_order_relaxed); }
+  bool inAccumulation() const { return clock_.inWindow(); }
   // Windows begun so far; readable from any thread. Counted before the window
   // state flips, so a reader that sees inAccumulation() true also sees its count.
-  int64_t windowsBegun() const { return windowsBegun_.load(std::memory_order_acquire); }
-  // Since 0.2, for the shim (plugin/api/sfsync_internal.h) and the warnings.
-  int64_t windowsEnded() const { return windowsEnded_.load(std::memory_order_relaxed); }
+  int64_t windowsBegun() const { return clock_.windowsBegun(); }
+  // For the shim (plugin/api/sfsync_internal.h) and the warnings.
+  int64_t windowsEnded() const { return clock_.windowsEnded(); }
   // sf_begin_accumulation calls refused inside a window (a forgotten end),
   // and the window that was open at the latest of them.
-  int64_t refusedBegins() const { return refusedBegins_.load(std::memory_order_acquire); }
-  int64_t refusedBeginWindow() const { return refusedBeginWindow_.load(std::memory_order_relaxed); }
-  int64_t gradientsRegistered() const { return gradientCount_.load(std::memory_order_relaxed); }
+  int64_t refusedBegins() const { return clock_.refusedBegins(); }
+  int64_t refusedBeginWindow() const { return clock_.refusedBeginWindow(); }
   // Something acts on this context's windows besides its registered
   // gradients (the shim for the default context, a host that asks
   // sf_in_accumulation): its windows are not "windows that affect nothing".
   void markFollowed() const { followed_.store(true, std::memory_order_relaxed); }
+
+  // ---- Synchronization: reductions, waits, gathers --------------------------
   void gradReady(int64_t id);
   void synchronize();
+  void synchronizeStart();
+  void waitBucket(int64_t bucket);
+  void startGather(int64_t bucket);
+  void waitGather(int64_t bucket);
+  void gatherParameters();
+  // sf_gather_gradients (SF_ERR_INVALID_STATE inside a window).
+  void gatherGradients();
 
-  // CUDA gradients: the host's stream and, optionally, its communicator.
-  void setCudaStream(void* stream);
-  void adoptNcclComm(void* comm);
+  // ---- Control collectives between windows ---------------------------------
+  // sf_connect: admission (Rendezvous), the control backend's connect, then a
+  // re-check of the claims combined across ranks by one small collective.
+  void connect();
+  // sf_broadcast of host memory from `root`; checks that every rank passed
+  // the same size and root (one 32-byte collective) before moving data.
+  void broadcast(void* data, uint64_t bytes, int32_t root);
+  void allreduceFloat64(double* values, int64_t count);
+  // sf_digest_gradients: chained digest of the host gradients' bytes.
+  uint64_t digestGradients();
+  // sf_check_replicas: allgather of digests (a max-reduction of one slot per
+  // rank), SF_ERR_MISMATCH naming the ranks that differ from rank 0.
+  void checkReplicas(uint64_t digest);
 
   sf_stats stats() const;
-  void bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype* dtype) const;
 
  private:
   Backend& backendFor(sf_device device);
+  // The backend for control collectives: Gloo (host memory), or NCCL when
+  // backend = nccl.
+  Backend& controlBackend();
   void checkId(int64_t id) const;
+  // SF_ERR_INVALID_STATE inside a window or while buckets are in flight.
+  void checkIdle(const char* what) const;
   void tracePass(bool inWindow);  // trace_ set
 
   sf_options opts_;
@@ -80,75 +119,15 @@ class Context {
   void* cudaStream_ = nullptr;   // the host's cudaStream_t
   Reducer reducer_;  // after backends_: destroyed first, while backends live
 
-  std::atomic<bool> inWindow_{false};
-  // Since 0.2: what the shim reads, and the misuse said at once.
-  std::atomic<int64_t> windowsEnded_{0};
-  std::atomic<int64_t> refusedBegins_{0};
-  std::atomic<int64_t> refusedBeginWindow_{0};
+  // The windows and the number each synchronization checks across ranks.
+  WindowClock clock_;
+  // What the misuse warnings need besides the clock.
   mutable std::atomic<bool> followed_{false};
   std::atomic<bool> saidAffectsNothing_{false};
-  std::atomic<int64_t> readyInWindow_{0};
-  std::atomic<int64_t> deferredReadyCalls_{0};
   std::atomic<int64_t> gradientCount_{0};  // readable without the reducer's lock
-  std::atomic<int64_t> windowsBegun_{0};
-  // Counters read by sf_get_stats from any thread.
-  std::atomic<int64_t> windowsCompleted_{0};
-  std::atomic<int64_t> deferredPasses_{0};
-  std::atomic<int64_t> syncNs_{0};
-
-  // The window number checked across ranks at every synchronization (see
-  // currentWindow): windows counted up to the last synchronization, windows
-  // begun since, grad-ready calls outside a window since, and whether the
-  // host reports gradients at all (then a synchronization with neither a
-  // begin nor a pass since the last one is an extra one, not a window).
-  int64_t currentWindow() const;
-  std::atomic<int64_t> windowNumber_{0};
-  std::atomic<int64_t> begunSinceSync_{0};
-  std::atomic<int64_t> readyOutsideSinceSync_{0};
-  std::atomic<bool> hostReportsReady_{false};
+  std::atomic<int64_t> syncNs_{0};         // read by sf_get_stats from any thread
   ReducerCounters atLastSync_;  // for the INFO line of each window
 
-  // ---- Since 0.2: the host's store, collective set-up and checks ----------
- public:
-  // sf_set_store: the host's store (struct already size-checked) for every
-  // rendezvous of this context. SF_ERR_INVALID_STATE once the store is in use.
-  void setStore(const sf_store& store, const char* prefix);
-  // sf_connect: admission (Rendezvous), the control backend's connect, then a
-  // re-check of the claims combined across ranks by one small collective.
-  void connect();
-  // sf_broadcast of host memory from `root`; checks that every rank passed
-  // the same size and root (one 32-byte collective) before moving data.
-  void broadcast(void* data, uint64_t bytes, int32_t root);
-  // sf_digest_gradients: chained digest of the host gradients' bytes.
-  uint64_t digestGradients();
-  // sf_check_replicas: allgather of digests (a max-reduction of one slot per
-  // rank), SF_ERR_MISMATCH naming the ranks that differ from rank 0.
-  void checkReplicas(uint64_t digest);
-
- private:
-  // The backend for control collectives: Gloo (host memory), or NCCL when
-  // backend = nccl.
-  Backend& controlBackend();
-  // SF_ERR_INVALID_STATE inside a window or while buckets are in flight.
-  void checkIdle(const char* what) const;
-
-  // ---- Since 0.3: sharded windows and per-bucket completion ----------------
- public:
-  void setShardLayout(sf_shard_layout layout);
-  void registerParameter(int64_t id, void* data, int64_t numel, sf_dtype dtype, sf_device device);
-  void* parameterData(int64_t id);
-  void shardRange(int64_t id, int64_t* offset, int64_t* count);
-  int64_t gradientBucket(int64_t id);
-  void synchronizeStart();
-  void waitBucket(int64_t bucket);
-  void startGather(int64_t bucket);
-  void waitGather(int64_t bucket);
-  void gatherParameters();
-  // Since 0.4: sf_gather_gradients (SF_ERR_INVALID_STATE inside a window).
-  void gatherGradients();
-  void allreduceFloat64(double* values, int64_t count);
-
- private:
   std::shared_ptr<Rendezvous> rendezvous_;  // shared with the backends
   std::mutex connectMutex_;
   bool connected_ = false;

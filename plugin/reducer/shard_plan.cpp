@@ -24,7 +24,7 @@ int64_t groupsFor(const std::vector<int64_t>& numels, int64_t cap) {
 }  // namespace
 
 ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, int64_t world,
-                       sf_shard_layout layout, bool control, std::vector<int64_t>* rankLoad) {
+                       sf_shard_layout layout, int64_t reserve, std::vector<int64_t>* rankLoad) {
   ShardLayout s;
   const int64_t align = std::max<int64_t>(1, 64 / elemBytes);
   std::vector<int64_t> packed;  // the gradients contiguous from 0 (unsharded, flat)
@@ -35,18 +35,19 @@ ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, in
   }
   if (layout == SF_SHARD_NONE || world <= 1) {
     // One segment; at world size 1 a sharded layout is the same (rank 0 owns
-    // all), aligned and with an aligned control slot as the sharded ones.
+    // all), aligned and with an aligned reserved tail as the sharded ones.
     const bool sharded = layout != SF_SHARD_NONE;
     s.world = 1;
     s.shardElems = sharded ? roundUp(total, align) : total;
-    s.controlElems = control ? (sharded ? align : 2) : 0;
-    s.segmentElems = s.shardElems + s.controlElems;
+    s.reservedElems =
+        reserve > 0 && sharded ? roundUp(reserve, align) : std::max<int64_t>(reserve, 0);
+    s.segmentElems = s.shardElems + s.reservedElems;
     s.offsets = packed;
     s.used = {total};
     return s;
   }
   s.world = world;
-  s.controlElems = control ? align : 0;
+  s.reservedElems = reserve > 0 ? roundUp(reserve, align) : 0;
   s.used.assign(size_t(world), 0);
   if (layout == SF_SHARD_FLAT) {
     s.shardElems = roundUp(std::max<int64_t>(1, (total + world - 1) / world), align);
@@ -104,7 +105,7 @@ ShardLayout planShards(const std::vector<int64_t>& numels, int64_t elemBytes, in
     }
     for (int64_t g = 0; g < world; ++g) s.used[size_t(segmentOf[size_t(g)])] = groupElems[size_t(g)];
   }
-  s.segmentElems = s.shardElems + s.controlElems;
+  s.segmentElems = s.shardElems + s.reservedElems;
   return s;
 }
 

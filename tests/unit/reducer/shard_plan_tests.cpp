@@ -37,10 +37,10 @@ void checkAligned(const ShardLayout& s, int64_t elemBytes) {
 BOOST_AUTO_TEST_SUITE(shard_plan_tests)
 
 BOOST_AUTO_TEST_CASE(unsharded_is_one_segment_with_the_control_after_the_gradients) {
-  const ShardLayout s = planShards({10, 20, 30}, 4, 4, SF_SHARD_NONE, true);
+  const ShardLayout s = planShards({10, 20, 30}, 4, 4, SF_SHARD_NONE, 2);
   BOOST_TEST(s.world == 1);
   BOOST_TEST(s.shardElems == 60);
-  BOOST_TEST(s.controlElems == 2);
+  BOOST_TEST(s.reservedElems == 2);
   BOOST_TEST(s.gradientElems() == 62);
   BOOST_TEST(s.offsets == (std::vector<int64_t>{0, 10, 30}), boost::test_tools::per_element());
   BOOST_TEST(ownedRange(s, 10, 20, 0).count == 20);
@@ -52,10 +52,10 @@ BOOST_AUTO_TEST_CASE(flat_pads_to_aligned_equal_segments_for_w_2_3_4) {
   const int64_t expectU[] = {0, 0, 672, 448, 336};  // ceil(1340 / W) rounded up to 16
   for (int64_t w : {2, 3, 4}) {
     BOOST_TEST_CONTEXT("W = " << w) {
-      const ShardLayout s = planShards(n, 4, w, SF_SHARD_FLAT, false);
+      const ShardLayout s = planShards(n, 4, w, SF_SHARD_FLAT, 0);
       BOOST_TEST(s.world == w);
       BOOST_TEST(s.shardElems == expectU[w]);
-      BOOST_TEST(s.controlElems == 0);
+      BOOST_TEST(s.reservedElems == 0);
       BOOST_TEST(s.offsets == (std::vector<int64_t>{0, 1000, 1007}), boost::test_tools::per_element());
       BOOST_TEST(s.parameterElems() >= 1340);
       BOOST_TEST(s.parameterElems() - 1340 < w * 16);  // padding below one 64-byte line per rank
@@ -67,7 +67,7 @@ BOOST_AUTO_TEST_CASE(flat_pads_to_aligned_equal_segments_for_w_2_3_4) {
 
 BOOST_AUTO_TEST_CASE(flat_gradient_straddles_ranks) {
   // W = 3, U = 448: gradient 0 (1000) spans ranks 0, 1 and 2.
-  const ShardLayout s = planShards({1000, 7, 333}, 4, 3, SF_SHARD_FLAT, false);
+  const ShardLayout s = planShards({1000, 7, 333}, 4, 3, SF_SHARD_FLAT, 0);
   const ShardRange r0 = ownedRange(s, 0, 1000, 0), r1 = ownedRange(s, 0, 1000, 1),
                    r2 = ownedRange(s, 0, 1000, 2);
   BOOST_TEST(r0.offset == 0);
@@ -82,9 +82,9 @@ BOOST_AUTO_TEST_CASE(flat_gradient_straddles_ranks) {
 }
 
 BOOST_AUTO_TEST_CASE(flat_with_control_puts_a_64_byte_slot_after_every_segment) {
-  const ShardLayout s = planShards({100, 50}, 8, 3, SF_SHARD_FLAT, true);  // float64
+  const ShardLayout s = planShards({100, 50}, 8, 3, SF_SHARD_FLAT, 2);  // float64
   BOOST_TEST(s.shardElems == 56);    // ceil(150 / 3) = 50 -> 56 (8 per line)
-  BOOST_TEST(s.controlElems == 8);
+  BOOST_TEST(s.reservedElems == 8);
   BOOST_TEST(s.segmentElems == 64);
   BOOST_TEST(s.gradientElems() == 192);
   BOOST_TEST(s.parameterElems() == 168);
@@ -104,7 +104,7 @@ BOOST_AUTO_TEST_CASE(parameter_layout_keeps_gradients_whole_and_balances_by_byte
   const int64_t expectCap[] = {0, 0, 900, 600, 500};
   for (int64_t w : {2, 3, 4}) {
     BOOST_TEST_CONTEXT("W = " << w) {
-      const ShardLayout s = planShards(n, 2, w, SF_SHARD_PARAMETER, false);
+      const ShardLayout s = planShards(n, 2, w, SF_SHARD_PARAMETER, 0);
       BOOST_TEST(s.shardElems == (expectCap[w] + 31) / 32 * 32);
       checkAligned(s, 2);
       checkPartition(s, n);
@@ -137,16 +137,16 @@ BOOST_AUTO_TEST_CASE(parameter_layout_optimum_matches_brute_force) {
       best = std::min(best, std::max({g1, g2, g3}));
     }
   }
-  const ShardLayout s = planShards(n, 8, 3, SF_SHARD_PARAMETER, false);
+  const ShardLayout s = planShards(n, 8, 3, SF_SHARD_PARAMETER, 0);
   BOOST_TEST(best == 102);  // [37 5] [90 12] [64 33]
   BOOST_TEST(s.shardElems == (best + 7) / 8 * 8);
   checkPartition(s, n);
 }
 
 BOOST_AUTO_TEST_CASE(parameter_layout_with_fewer_gradients_than_ranks_leaves_ranks_empty) {
-  const ShardLayout s = planShards({10, 20}, 4, 4, SF_SHARD_PARAMETER, true);
+  const ShardLayout s = planShards({10, 20}, 4, 4, SF_SHARD_PARAMETER, 2);
   BOOST_TEST(s.shardElems == 32);
-  BOOST_TEST(s.controlElems == 16);
+  BOOST_TEST(s.reservedElems == 16);
   int64_t owned[4] = {0, 0, 0, 0};
   for (int64_t r = 0; r < 4; ++r) {
     owned[r] = ownedRange(s, s.offsets[0], 10, r).count + ownedRange(s, s.offsets[1], 20, r).count;
@@ -160,12 +160,12 @@ BOOST_AUTO_TEST_CASE(parameter_layout_with_fewer_gradients_than_ranks_leaves_ran
 
 BOOST_AUTO_TEST_CASE(used_counts_are_each_segments_gradients) {
   // Flat: full segments, the last one short; parameter: each group's size.
-  const ShardLayout f = planShards({100, 50}, 4, 3, SF_SHARD_FLAT, true);
+  const ShardLayout f = planShards({100, 50}, 4, 3, SF_SHARD_FLAT, 2);
   BOOST_TEST(f.shardElems == 64);
   BOOST_TEST((f.used == std::vector<int64_t>{64, 64, 22}));
-  const ShardLayout p = planShards({500, 400, 300, 200, 100}, 2, 3, SF_SHARD_PARAMETER, false);
+  const ShardLayout p = planShards({500, 400, 300, 200, 100}, 2, 3, SF_SHARD_PARAMETER, 0);
   BOOST_TEST((p.used == std::vector<int64_t>{500, 400, 600}));
-  const ShardLayout none = planShards({10, 20}, 4, 4, SF_SHARD_NONE, true);
+  const ShardLayout none = planShards({10, 20}, 4, 4, SF_SHARD_NONE, 2);
   BOOST_TEST((none.used == std::vector<int64_t>{30}));
 }
 
@@ -179,7 +179,7 @@ BOOST_AUTO_TEST_CASE(parameter_layout_balances_ranks_across_buckets) {
       std::vector<int64_t> load, held(size_t(w), 0);
       int64_t total = 0, largest = 0;
       for (const auto& n : buckets) {
-        const ShardLayout s = planShards(n, 4, w, SF_SHARD_PARAMETER, false, &load);
+        const ShardLayout s = planShards(n, 4, w, SF_SHARD_PARAMETER, 0, &load);
         checkPartition(s, n);
         for (size_t i = 0; i < n.size(); ++i) {
           total += n[i];
@@ -200,7 +200,7 @@ BOOST_AUTO_TEST_CASE(parameter_layout_balances_ranks_across_buckets) {
 }
 
 BOOST_AUTO_TEST_CASE(world_size_one_owns_everything) {
-  const ShardLayout s = planShards({3, 4}, 4, 1, SF_SHARD_FLAT, false);
+  const ShardLayout s = planShards({3, 4}, 4, 1, SF_SHARD_FLAT, 0);
   BOOST_TEST(s.world == 1);
   BOOST_TEST(s.shardElems == 16);
   BOOST_TEST(ownedRange(s, 3, 4, 0).count == 4);

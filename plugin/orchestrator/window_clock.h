@@ -1,0 +1,98 @@
+#pragma once
+// WindowClock: the accumulation windows of one context, and the number of
+// the window a synchronization completes. Responsible for the window calls'
+// state (begin, end, grad-ready, synchronized), their counters and the two
+// numbering rules below, in one place; not for what may be communicated (the
+// Context asks it, then drives the reducer), the messages of a refused call,
+// or the check of the number across ranks (the reducer's window check).
+//
+// The window number (what every rank sends with a synchronization):
+//  - windows begun since the last synchronization, each one more;
+//  - rule "consecutive windows are one": a begin that follows an end with no
+//    synchronization between, in a host that reports gradients (some
+//    gradReady was seen), opens no new window: such a host brackets its
+//    micro-batches one by one, and no pass ran outside the windows. A host
+//    that reports nothing cannot be told apart from one that skipped a
+//    synchronization, so there each begin counts;
+//  - no begin since the last synchronization: an implicit window of one
+//    micro-batch (the number one more), except by rule "an extra
+//    synchronization reuses the previous number": in a host that reports
+//    gradients and reported none since the last synchronization, the
+//    synchronization is an extra one and claims the previous number again.
+//
+// Threads: grad-ready may come from any thread (autograd hooks), and every
+// counter is readable from any thread; the window calls themselves (begin,
+// end, synchronized) come from the host's one training thread and do not
+// race with each other.
+
+#include <atomic>
+#include <cstdint>
+
+namespace sfsync {
+
+class WindowClock {
+ public:
+  bool inWindow() const { return inWindow_.load(std::memory_order_acquire); }
+
+  // ---- The window calls --------------------------------------------------
+  // A begin inside a window is refused: counted (refusedBegins), and the
+  // open window's number returned (as windowsBegun()); nothing else changes.
+  int64_t refuseBegin();
+  // Opens a window (the caller checked !inWindow() and that the reducer may
+  // begin one). Counts the window begun before the state flips, so a reader
+  // that sees inWindow() true also sees its count.
+  void begin();
+  // Closes the open window (the caller checked inWindow()); `gradients`
+  // registered turns its grad-ready calls into deferred passes.
+  void end(int64_t gradients);
+  // A gradient reported ready: inside a window, counted and false
+  // (communicate nothing); outside, true with `*window` the number of the
+  // window its reduction belongs to. Inline: the hot path of every hook.
+  bool gradReady(int64_t* window) {
+    if (!hostReportsReady_.load(std::memory_order_relaxed)) {
+      hostReportsReady_.store(true, std::memory_order_relaxed);
+    }
+    if (inWindow_.load(std::memory_order_acquire)) {
+      readyInWindow_.fetch_add(1, std::memory_order_relaxed);
+      deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
+    *window = current();
+    return true;
+  }
+  // The window a synchronization now would complete (the rules above).
+  int64_t current() const;
+  // The synchronization of window `number` (what current() returned) succeeded.
+  void synchronized(int64_t number);
+
+  // ---- Counters, readable from any thread --------------------------------
+  int64_t windowsBegun() const { return windowsBegun_.load(std::memory_order_acquire); }
+  int64_t windowsEnded() const { return windowsEnded_.load(std::memory_order_relaxed); }
+  int64_t windowsCompleted() const { return windowsCompleted_.load(std::memory_order_relaxed); }
+  int64_t refusedBegins() const { return refusedBegins_.load(std::memory_order_acquire); }
+  int64_t refusedBeginWindow() const { return refusedBeginWindow_.load(std::memory_order_relaxed); }
+  int64_t deferredPasses() const { return deferredPasses_.load(std::memory_order_relaxed); }
+  int64_t deferredReadyCalls() const { return deferredReadyCalls_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> inWindow_{false};
+  // The number: the last synchronized window's, windows begun since (after
+  // rule one), grad-ready calls outside a window since, and whether the host
+  // reports gradients at all (both rules apply only then).
+  std::atomic<int64_t> lastNumber_{0};
+  std::atomic<int64_t> begunSinceSync_{0};
+  std::atomic<int64_t> readyOutsideSinceSync_{0};
+  std::atomic<bool> hostReportsReady_{false};
+  std::atomic<int64_t> readyInWindow_{0};  // grad-ready calls of the open window
+
+  std::atomic<int64_t> windowsBegun_{0};
+  std::atomic<int64_t> windowsEnded_{0};
+  std::atomic<int64_t> windowsCompleted_{0};
+  std::atomic<int64_t> refusedBegins_{0};
+  std::atomic<int64_t> refusedBeginWindow_{0};
+  std::atomic<int64_t> deferredPasses_{0};
+  std::atomic<int64_t> deferredReadyCalls_{0};
+};
+
+}  // namespace sfsync

@@ -1,0 +1,173 @@
+// The WindowClock on its own (plugin/orchestrator/window_clock.h): the
+// window number each synchronization sends, under both numbering rules and
+// in both kinds of host (one that reports grad-ready, one that reports
+// nothing), and the window calls' counters. No context, no ranks: each case
+// plays a host's calls against one clock and asserts the exact numbers.
+
+#include <boost/test/unit_test.hpp>
+
+
+#include "plugin/orchestrator/window_clock.h"
+
+using namespace sfsync;
+
+namespace {
+
+// grad-ready as the Context calls it: the window number, or -1 inside a window.
+int64_t ready(WindowClock& c) {
+  int64_t w = -2;
+  return c.gradReady(&w) ? w : -1;
+}
+
+// One accumulation window of `passes` micro-batches of `grads` gradients.
+void window(WindowClock& c, int passes, int grads) {
+  c.begin();
+  for (int i = 0; i < passes * grads; ++i) BOOST_REQUIRE(ready(c) == -1);
+  c.end(grads);
+}
+
+// A synchronization as the Context does it: the current number, then done.
+int64_t sync(WindowClock& c) {
+  const int64_t n = c.current();
+  c.synchronized(n);
+  return n;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(window_clock_tests)
+
+BOOST_AUTO_TEST_CASE(windows_are_numbered_from_one_by_their_synchronizations) {
+  WindowClock c;
+  BOOST_TEST(c.current() == 1);  // nothing yet: the first window
+  for (int64_t k = 1; k <= 5; ++k) {
+    window(c, 3, 2);
+    BOOST_TEST(ready(c) == k);  // the last micro-batch, outside
+    BOOST_TEST(ready(c) == k);
+    BOOST_TEST(sync(c) == k);
+  }
+  BOOST_TEST(c.windowsBegun() == 5);
+  BOOST_TEST(c.windowsEnded() == 5);
+  BOOST_TEST(c.windowsCompleted() == 5);
+  BOOST_TEST(c.deferredPasses() == 15);      // 3 passes of 2 gradients, 5 times
+  BOOST_TEST(c.deferredReadyCalls() == 30);
+}
+
+// Rule "consecutive windows are one": a host that reports gradients and
+// brackets its micro-batches one by one (begin, pass, end; begin, pass, end;
+// then the last pass outside and a synchronization) synchronizes ONE window.
+// Broken rule (every begin counts): this synchronization would send 4.
+BOOST_AUTO_TEST_CASE(consecutive_windows_are_one_in_a_host_that_reports_gradients) {
+  WindowClock c;
+  for (int micro = 0; micro < 3; ++micro) window(c, 1, 2);
+  BOOST_TEST(c.current() == 1);
+  BOOST_TEST(ready(c) == 1);
+  BOOST_TEST(ready(c) == 1);
+  BOOST_TEST(sync(c) == 1);
+  // And again for the next window: still one per synchronization.
+  for (int micro = 0; micro < 4; ++micro) window(c, 1, 2);
+  BOOST_TEST(sync(c) == 2);
+  BOOST_TEST(c.windowsBegun() == 7);  // the counter counts every begin all the same
+  BOOST_TEST(c.windowsCompleted() == 2);
+}
+
+// The other side of the same rule: a host that reports nothing cannot be
+// told apart from one that skipped a synchronization, so each begin counts
+// (and the ranks' numbers differ when one skipped). Broken the other way
+// (consecutive windows are one in every host): 2 would be 1.
+BOOST_AUTO_TEST_CASE(each_begin_counts_in_a_host_that_reports_nothing) {
+  WindowClock c;
+  c.begin();
+  c.end(0);
+  c.begin();
+  c.end(0);
+  BOOST_TEST(c.current() == 2);
+  BOOST_TEST(sync(c) == 2);
+  c.begin();
+  c.end(0);
+  BOOST_TEST(sync(c) == 3);
+}
+
+// Rule "an extra synchronization reuses the previous number": in a host that
+// reports gradients, a synchronization with neither a begin nor a grad-ready
+// since the last one is not a window and claims the last number again.
+// Broken rule (every synchronization is a window): the second sync sends 2.
+BOOST_AUTO_TEST_CASE(an_extra_synchronization_reuses_the_previous_number) {
+  WindowClock c;
+  window(c, 2, 3);
+  BOOST_TEST(sync(c) == 1);
+  BOOST_TEST(c.current() == 1);
+  BOOST_TEST(sync(c) == 1);  // the extra one
+  BOOST_TEST(sync(c) == 1);  // and another
+  // A real window after them is the next number, not 1 + the extras.
+  window(c, 1, 3);
+  BOOST_TEST(sync(c) == 2);
+  // So is an implicit window (grad-ready outside, no begin).
+  BOOST_TEST(ready(c) == 3);
+  BOOST_TEST(sync(c) == 3);
+  BOOST_TEST(c.windowsCompleted() == 5);
+}
+
+// Without grad-ready the extra synchronization cannot be told from an
+// implicit window of one micro-batch: each synchronization is one more.
+BOOST_AUTO_TEST_CASE(each_synchronization_is_a_window_in_a_host_that_reports_nothing) {
+  WindowClock c;
+  BOOST_TEST(sync(c) == 1);
+  BOOST_TEST(sync(c) == 2);
+  BOOST_TEST(sync(c) == 3);
+}
+
+// Grad-ready outside a window belongs to the implicit window the next
+// synchronization completes; a begin after such a pass still opens the next
+// window (the pass ran outside the windows).
+BOOST_AUTO_TEST_CASE(a_pass_outside_then_windows_is_one_window_number_per_begin_after_it) {
+  WindowClock c;
+  BOOST_TEST(ready(c) == 1);  // implicit window 1, not synchronized yet
+  c.begin();                                // begun since sync: 1 -> the number is 0 + 1
+  BOOST_TEST(ready(c) == -1);
+  c.end(1);
+  BOOST_TEST(c.current() == 1);
+  c.begin();  // consecutive: the same window
+  c.end(1);
+  BOOST_TEST(sync(c) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(grad_ready_inside_a_window_is_counted_not_numbered) {
+  WindowClock c;
+  c.begin();
+  BOOST_TEST(c.inWindow());
+  for (int i = 0; i < 7; ++i) BOOST_TEST(ready(c) == -1);
+  c.end(3);  // 7 calls of 3 gradients: 2 whole passes
+  BOOST_TEST(!c.inWindow());
+  BOOST_TEST(c.deferredReadyCalls() == 7);
+  BOOST_TEST(c.deferredPasses() == 2);
+  c.begin();
+  c.end(0);  // no gradient registered: no pass counted, no division
+  BOOST_TEST(c.deferredPasses() == 2);
+  // Each window counts its own calls (the 7th call's remainder is not carried).
+  c.begin();
+  for (int i = 0; i < 2; ++i) ready(c);
+  c.end(3);
+  BOOST_TEST(c.deferredPasses() == 2);
+  BOOST_TEST(c.deferredReadyCalls() == 9);
+}
+
+BOOST_AUTO_TEST_CASE(a_refused_begin_changes_nothing_but_its_counters) {
+  // The Context asks refuseBegin() instead of begin() inside a window.
+  WindowClock d;
+  d.begin();
+  BOOST_TEST(d.refuseBegin() == 1);  // window 1 is open
+  BOOST_TEST(d.refuseBegin() == 1);
+  BOOST_TEST(d.refusedBegins() == 2);
+  BOOST_TEST(d.refusedBeginWindow() == 1);
+  BOOST_TEST(d.windowsBegun() == 1);
+  BOOST_TEST(d.inWindow());
+  d.end(1);
+  BOOST_TEST(sync(d) == 1);
+  d.begin();
+  BOOST_TEST(d.refuseBegin() == 2);
+  BOOST_TEST(d.refusedBeginWindow() == 2);
+  BOOST_TEST(d.refusedBegins() == 3);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
