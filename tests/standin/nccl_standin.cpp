@@ -72,7 +72,9 @@ const Functions& fn() {
     Dl_info info{};
     std::string dir = ".";
     if (::dladdr(reinterpret_cast<void*>(&fn), &info) && info.dli_fname) {
-      dir = info.dli_fname;
+      char* real = ::realpath(info.dli_fname, nullptr);  // the file's own directory, not a link's
+      dir = real ? real : info.dli_fname;
+      std::free(real);
       const size_t slash = dir.rfind('/');
       dir = slash == std::string::npos ? "." : dir.substr(0, slash);
     }
