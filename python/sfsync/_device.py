@@ -58,8 +58,6 @@ import sfsync
 
 __all__ = ["DeviceOps", "CpuOps", "CudaOps", "StandinCudaOps", "ops_for"]
 
-_CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double,
-           torch.float16: ctypes.c_uint16, torch.bfloat16: ctypes.c_uint16}
 _SIZES = {torch.float32: 4, torch.float64: 8, torch.float16: 2, torch.bfloat16: 2}
 # __cuda_array_interface__ type strings (bfloat16 has none: int16, viewed).
 _TYPESTR = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2",
@@ -246,7 +244,7 @@ class CudaOps(DeviceOps):
 
     def record_event(self, stream=None):
         stream = stream if stream is not None else self.current_stream()  # GPU only
-        event = torch.cuda.Event()  # GPU only
+        event = torch.cuda.Event(enable_timing=False)  # GPU only
         event.record(stream)  # GPU only
         return event
 

@@ -178,8 +178,9 @@ def main():
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(dev)
         ids, nccl = [dev.index], NcclCount(ARGS.nccl_log)
+        v = torch.cuda.nccl.version()  # a tuple in torch 2.x, an int before
         print("INFO torch %s, NCCL %s, %s, rank %d/%d, sfsync %s" % (
-            torch.__version__, ".".join(map(str, torch.cuda.nccl.version())),
+            torch.__version__, ".".join(map(str, v)) if isinstance(v, tuple) else v,
             torch.cuda.get_device_name(dev), rank, world, sfsync.version()), flush=True)
 
     ref = DDP(model(dev), device_ids=ids)
@@ -196,7 +197,7 @@ def main():
 
     failed = 0
     for case in cases:
-        notes, ok = [], True
+        notes, ok, sync = [], True, None
         try:
             net = model(dev)
             if case == "attach":
@@ -241,7 +242,12 @@ def main():
             sync.close()
         except Exception as e:  # a case's failure is its RESULT line; the next case runs
             ok = False
-            notes.append("%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300]))
+            notes.append("%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0][:300]))
+            if sync is not None:
+                try:
+                    sync.close()
+                except Exception:  # already reported above
+                    pass
         failed += not ok
         print("RESULT %s world=%d rank=%d %s %s" % (case, world, rank, " ".join(notes),
                                                     "OK" if ok else "FAIL"), flush=True)
