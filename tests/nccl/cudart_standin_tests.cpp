@@ -193,6 +193,7 @@ BOOST_AUTO_TEST_CASE(an_untaken_misuse_fails_the_process_at_exit) {
       cudaEvent_t e = nullptr;
       cudaEventCreate(&e);
       (void)cudaEventQuery(e);  // never recorded; the status ignored
+      cudaEventDestroy(e);
       if (take) sfStandinCudaTakeMisuse(nullptr, 0);
       std::exit(0);
     }
