@@ -403,14 +403,16 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   std::lock_guard<std::mutex> lock(e->m);
   if (e->destroyed) return misuse("cudaEventDestroy of " + eventName(e) + ", already destroyed");
   e->destroyed = true;
+  {
+    static std::mutex m;
+    static auto* gone = new std::vector<CUevent_st*>;  // reachable: not a leak to LSan
+    std::lock_guard<std::mutex> keep(m);
+    gone->push_back(e);
+  }
   if (e->hostWaiters > 0) {
     return misuse("cudaEventDestroy of " + eventName(e) + " while " +
                   std::to_string(e->hostWaiters) + " host thread(s) wait in cudaEventSynchronize on it");
   }
-  static std::mutex m;
-  static auto* gone = new std::vector<CUevent_st*>;  // reachable: not a leak to LSan
-  std::lock_guard<std::mutex> keep(m);
-  gone->push_back(e);
   return cudaSuccess;
 }
 
