@@ -43,8 +43,14 @@ events, ``data_ptr`` of a CUDA tensor, ``torch.as_tensor`` over
 calls these functions in sfsync.torch, runs here on ``CpuOps`` or
 ``StandinCudaOps``.
 
-Not imported by sfsync.torch yet (the CUDA path wires it in); no import of
-torch at module level beyond what the functions need.
+Contract for the caller (found with the strict stand-in,
+tests/python/test_device_ops.py StandinContractTests): the stream given to
+sf_set_cuda_stream must stay alive until the context is closed, or be
+replaced first: sf_destroy records an event on it before it frees the
+plugin's device buffers. torch's current stream of a device always is; a
+user's ``torch.cuda.Stream`` current at attach may not be: keep a reference.
+
+Not imported by sfsync.torch yet (the CUDA path wires it in).
 """
 
 import contextlib

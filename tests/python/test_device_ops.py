@@ -260,5 +260,29 @@ class StandinDevicePathTests(unittest.TestCase):
         self.assertEqual(n, 0, "stand-in misuse on the device path: %s" % last)
 
 
+@needs_standin
+class StandinContractTests(unittest.TestCase):
+    """What the torch integration must keep (found with the strict stand-in)."""
+
+    def test_the_stream_given_to_the_plugin_must_outlive_the_context(self):
+        """sf_destroy frees the plugin's device buffers after recording an
+        event on the host's stream (sf_set_cuda_stream): a stream destroyed
+        before close() is a use after free on CUDA, a misuse here. So
+        sfsync.torch keeps the stream it passed alive until close() (torch's
+        current stream of a device is; a user's torch.cuda.Stream may not be)."""
+        ops = _device.StandinCudaOps(os.path.join(STANDIN, "libcudart.so.13"))
+        ops.take_misuse()
+        s = ops.new_stream()
+        ctx = sfsync.Context(rank=0, world_size=1, rendezvous="", backend="nccl")
+        ctx.set_cuda_stream(ops.stream_handle(s))
+        ctx.add_gradient(64, sfsync.DTYPE_FLOAT32, ops.sf_device, "w")
+        ctx.build_buckets()
+        ops.destroy_stream(s)
+        ctx.close()
+        n, last = ops.take_misuse()
+        self.assertGreaterEqual(n, 1)
+        self.assertIn("destroyed by cudaStreamDestroy", last)
+
+
 if __name__ == "__main__":
     unittest.main()
