@@ -471,7 +471,10 @@ SF_API sf_status sf_backend_available(sf_backend backend);
  * Set the CUDA stream (a cudaStream_t passed as void*; NULL, the default, is
  * the legacy default stream) on which the host produces and reads this
  * context's CUDA gradients. See "Ordering" above. The stream stays the
- * host's; it must outlive its use here. Loads nothing. SF_ERR_INVALID_STATE
+ * host's; it must stay valid until sf_destroy or until another stream
+ * replaces it (sf_destroy records an event on it, so that the device buffers
+ * it frees are no longer used by the host's queued copies). Loads nothing.
+ * SF_ERR_INVALID_STATE
  * while bucket collectives started by sf_grad_ready are in flight (change it
  * between windows). Since 0.1.
  */
