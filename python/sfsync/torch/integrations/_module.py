@@ -29,15 +29,25 @@ class SyncedModule(torch.nn.Module):
     ``state_dict()`` reach it, keys prefixed ``module.`` as DDP's),
     ``forward`` calls it through the GradientSync, ``no_sync()`` is the
     GradientSync's (forward and backward inside it accumulate locally; the
-    next pass outside synchronizes), ``.sync`` is the GradientSync."""
+    next pass outside synchronizes), ``.sync`` is the GradientSync.
 
-    def __init__(self, sync):
+    ``host_defers``: for a framework that says "this micro-batch does not
+    synchronize" by a flag rather than (only) by ``no_sync()`` (Accelerate's
+    ``sync_gradients``, which it keeps also where it enters no ``no_sync()``:
+    one process), a callable read at each forward; True runs that forward
+    inside ``no_sync()``, exactly as the framework's own ``no_sync()`` would."""
+
+    def __init__(self, sync, host_defers=None):
         super().__init__()
         self.module = sync.module
         object.__setattr__(self, "sync", sync)  # not a submodule (no second parameter list)
+        object.__setattr__(self, "host_defers", host_defers)
 
     def forward(self, *args, **kwargs):
         call = self.sync if callable(self.sync) else self.module
+        if self.host_defers is not None and self.host_defers():
+            with self.sync.no_sync():
+                return call(*args, **kwargs)
         return call(*args, **kwargs)
 
     def no_sync(self):

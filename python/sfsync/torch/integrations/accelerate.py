@@ -27,8 +27,9 @@ How it fits: ``prepare_model`` lets Accelerate place the model and apply
 its mixed precision (``prepare_model(evaluation_mode=True)``: no DDP), then
 attaches a ``GradientSync`` and returns it as a ``SyncedModule`` (``.module``
 is your model, ``.sync`` the GradientSync). ``accelerator.accumulate`` finds
-``no_sync`` on it by name, exactly as on DDP, so micro-batches 1..N-1 stay
-local and the pass after them (also the short last window that Accelerate
+``no_sync`` on it by name, exactly as on DDP (and where it enters none,
+with one process, the SyncedModule reads ``accelerator.sync_gradients``), so
+micro-batches 1..N-1 stay local and the pass after them (also the short last window that Accelerate
 cuts at the end of the dataloader) synchronizes inside its
 ``backward()``; ``accelerator.sync_gradients`` and sfsync's ``is_step()``
 agree. ``accelerator.clip_grad_norm_(model.parameters(), ...)`` of this
@@ -55,7 +56,12 @@ def prepare_model(accelerator, model, device_placement=None, **sync_options):
     model = accelerator.prepare_model(model, device_placement=device_placement,
                                       evaluation_mode=True)
     model.train()
-    wrapped = SyncedModule(GradientSync(model, **sync_options))
+    # Accelerate enters no_sync() only with more than one process; its
+    # sync_gradients flag says the same on every process count (False on
+    # micro-batches 1..N-1 inside accelerator.accumulate(), True elsewhere).
+    state = accelerator.gradient_state
+    wrapped = SyncedModule(GradientSync(model, **sync_options),
+                           host_defers=lambda: not state.sync_gradients)
     _route_clip(accelerator, wrapped)
     return wrapped
 
