@@ -34,17 +34,42 @@ class WindowClock {
  public:
   bool inWindow() const { return inWindow_.load(std::memory_order_acquire); }
 
-  // ---- The window calls --------------------------------------------------
+  // ---- The window calls (inline: hooks and training loops call them per
+  // micro-batch; current() and synchronized() are in window_clock.cpp) ----
   // A begin inside a window is refused: counted (refusedBegins), and the
   // open window's number returned (as windowsBegun()); nothing else changes.
-  int64_t refuseBegin();
+  int64_t refuseBegin() {
+    const int64_t k = windowsBegun_.load(std::memory_order_relaxed);
+    refusedBeginWindow_.store(k, std::memory_order_relaxed);
+    refusedBegins_.fetch_add(1, std::memory_order_release);
+    return k;
+  }
   // Opens a window (the caller checked !inWindow() and that the reducer may
   // begin one). Counts the window begun before the state flips, so a reader
   // that sees inWindow() true also sees its count.
-  void begin();
+  void begin() {
+    // Rule "consecutive windows are one": only the first begin since the
+    // last synchronization counts in a host that reports gradients.
+    if (begunSinceSync_.load(std::memory_order_relaxed) == 0 ||
+        !hostReportsReady_.load(std::memory_order_relaxed)) {
+      // Window calls do not race with each other: a plain increment, no RMW.
+      begunSinceSync_.store(begunSinceSync_.load(std::memory_order_relaxed) + 1,
+                            std::memory_order_relaxed);
+    }
+    readyInWindow_.store(0, std::memory_order_relaxed);
+    windowsBegun_.fetch_add(1, std::memory_order_release);
+    inWindow_.store(true, std::memory_order_release);
+  }
   // Closes the open window (the caller checked inWindow()); `gradients`
   // registered turns its grad-ready calls into deferred passes.
-  void end(int64_t gradients);
+  void end(int64_t gradients) {
+    if (gradients > 0) {
+      deferredPasses_.fetch_add(readyInWindow_.load(std::memory_order_relaxed) / gradients,
+                                std::memory_order_relaxed);
+    }
+    inWindow_.store(false, std::memory_order_release);
+    windowsEnded_.fetch_add(1, std::memory_order_relaxed);
+  }
   // A gradient reported ready: inside a window, counted and false
   // (communicate nothing); outside, true with `*window` the number of the
   // window its reduction belongs to. Inline: the hot path of every hook.
