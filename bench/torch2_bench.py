@@ -43,7 +43,9 @@ The limit columns: compute-only = the compute_only (or, for sharded
 variants, compute_only_shard) window of the same run; wire bytes per rank
 and window = what the variant's collectives carry through one rank's NIC
 in the busier direction (ring algorithms: (W-1)/W of a reduce-scatter's or
-all-gather's whole buffer, 2(W-1)/W of an all-reduce's), counted from
+all-gather's whole buffer, 2(W-1)/W of an all-reduce's; torch's Gloo
+reduce-scatter is an all-reduce of the whole buffer: 2(W-1)/W, as its NIC
+counters show; sfsync's Gloo reduce-scatter is a ring: (W-1)/W), counted from
 sfsync's stats (bytes_reduced, bytes_gathered), DDP's buckets (its logging
 data), and the torch.distributed calls FSDP2 and ZeRO issue (counted by
 wrapping them); wire ms = those bytes at the link rate (none on loopback);
@@ -104,6 +106,8 @@ def parse_args(argv=None):
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="max abs weight difference from ddp_foreach")
     p.add_argument("--fault", default=None, help="this variant gets 1.5x the learning rate")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="SF_TRACE of each sfsync variant: DIR/<model>-<variant>.rank<r>.json")
     p.add_argument("--python", default=TORCH2, help="the ranks' interpreter (torch 2.x)")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
@@ -112,6 +116,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
     p.add_argument("--smoke", action="store_true",
                    help="loopback, 2 ranks, both models made small, 1 round of 2-window blocks")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="no run: the records of these result files into one table and plot "
+                        "(--name, default torch2_bench)")
     p.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rate", default="loopback", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -210,16 +217,20 @@ class Wire:
         f = (world - 1) / world
         out = lambda a, k: _nbytes(_arg(a, k, 0, ("output_tensor", "output")))  # noqa: E731
         inp = lambda a, k: _nbytes(_arg(a, k, 1, ("input_tensor", "input")))  # noqa: E731
-        for name, size in (("all_gather_into_tensor", out), ("all_gather_single", out),
-                           ("reduce_scatter_tensor", inp), ("reduce_scatter_single", inp),
-                           ("broadcast", lambda a, k: _nbytes(_arg(a, k, 0, ("tensor",))))):
+        # ProcessGroupGloo reduce-scatters by an all-reduce of the whole input
+        # (measured: fsdp2_keep's NIC bytes per window are 1.50 x the
+        # parameters at W=2 and 2.25 x at W=4, one gather + one reduce-scatter
+        # counted as (W-1)/W each would be 1.00 x and 1.50 x): 2(W-1)/W.
+        for name, size, k in (("all_gather_into_tensor", out, 1), ("all_gather_single", out, 1),
+                              ("reduce_scatter_tensor", inp, 2), ("reduce_scatter_single", inp, 2),
+                              ("broadcast", lambda a, k: _nbytes(_arg(a, k, 0, ("tensor",))), 1)):
             orig = getattr(dist, name, None)
             if orig is None:
                 continue
 
-            def wrapped(*args, _orig=orig, _name=name, _size=size, **kw):
+            def wrapped(*args, _orig=orig, _name=name, _size=size, _k=k, **kw):
                 self.calls[_name] = self.calls.get(_name, 0) + 1
-                self.bytes += f * _size(args, kw)
+                self.bytes += _k * f * _size(args, kw)
                 return _orig(*args, **kw)
 
             self.saved[name] = orig
@@ -295,11 +306,14 @@ class Runner:
             self.opt = torch.optim.AdamW(params, **kw)
         elif variant.startswith("sfsync"):
             from sfsync import torch as sft
+            if a.trace:
+                os.environ["SF_TRACE"] = os.path.join(a.trace, "%s-%s.json" % (a.model, variant))
             self.sync = sft.GradientSync(self.model, accumulation_steps=self.n,
                                          bucket_cap_mb=a.bucket_cap_mb,
                                          find_unused_parameters=False,
                                          shard_optimizer=variant == "sfsync_sharded",
                                          shard_layout="flat")
+            os.environ.pop("SF_TRACE", None)
             self.opt = self.sync.optimizer(torch.optim.AdamW, self.model.parameters(),
                                            overlap_step=variant != "sfsync_final", **kw)
         elif variant.startswith("fsdp2"):
@@ -746,10 +760,39 @@ def smoke_check(records, variants):
     return errs
 
 
+def merge(a):
+    docs = []
+    for path in a.merge:
+        with open(path) as f:
+            docs.append(json.load(f))
+    records = [r for d in docs for r in d["records"]]
+    fails = [f for r in records for f in derive(r)]
+    variants = [v for v in VARIANTS if any(x["variant"] == v for r in records
+                                           for x in r["results"])]
+    order = {(m, n, rate): i for i, (m, n, rate) in enumerate(
+        (m, n, rate) for m in MODELS for n in (2, 4, 8) for rate in RATES + ["loopback"])}
+    records.sort(key=lambda r: order.get((r["model"], r["hosts"], r["rate"]), 99))
+    doc = {"merged_from": {os.path.basename(p): {"command": d["command"], "wall_s": d["wall_s"],
+                                                 "load_before": d["load_before"],
+                                                 "load_after": d["load_after"]}
+                           for p, d in zip(a.merge, docs)},
+           "wall_s": round(sum(d["wall_s"] for d in docs), 1), "records": records,
+           "check_failures": fails}
+    name = a.name or "torch2_bench"
+    os.makedirs(a.out, exist_ok=True)
+    write_results(a.out, name, doc, tables(records), lambda path: plot(records, variants, path),
+                  "torch2_bench")
+    print("torch2_bench: merged %d records into %s/%s.{json,md,png}; the runs took %.0f s" % (
+        len(records), a.out, name, doc["wall_s"]))
+    return 0
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a.worker:
         return worker(a)
+    if a.merge:
+        return merge(a)
     load0 = os.getloadavg()
     if any(r != "loopback" for r in a.rates):
         chk = subprocess.run(["bash", CLUSTER, "check"], capture_output=True, text=True)
@@ -769,6 +812,9 @@ def main(argv=None):
                 argv.append("--small")
             if a.fault:
                 argv += ["--fault", a.fault]
+            if a.trace:
+                os.makedirs(a.trace, exist_ok=True)
+                argv += ["--trace", os.path.abspath(a.trace)]
             load_start = os.getloadavg()
             run = run_ranks(a, n, rate, argv, "torch2_bench")
             for rec in run["records"]:
