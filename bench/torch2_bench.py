@@ -113,7 +113,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     p.add_argument("--name", default=None, help="output file stem (default torch2_bench)")
     p.add_argument("--port", type=int, default=29800)
-    p.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    p.add_argument("--timeout", type=float, default=3600,
+                   help="seconds per launch (every model; 200 Mbit/s, 2 hosts: over 900)")
     p.add_argument("--smoke", action="store_true",
                    help="loopback, 2 ranks, both models made small, 1 round of 2-window blocks")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -660,9 +661,23 @@ def cell(key, fmt, r):
     return fmt % x
 
 
+def ms_table(records):
+    """ms per window (median, slowest rank) of every variant, a row per run."""
+    variants = [v for v in VARIANTS if any(x["variant"] == v for r in records
+                                           for x in r["results"])]
+    head = "| model | N | link | " + " | ".join(variants) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for rec in records:
+        ms = {r["variant"]: r["ms_per_window_median"] for r in rec["results"]}
+        lines.append("| %s | %d | %s | %s |" % (rec["model"], rec["hosts"], rec["rate"], " | ".join(
+            "%.0f" % ms[v] if v in ms else "-" for v in variants)))
+    return "\n".join(lines)
+
+
 def tables(records):
     head = "| model | N | link | " + " | ".join(c for _, c in RATIO_COLS) + " | load |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    lines = [ms_table(records), ""]
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for rec in records:
         lines.append("| %s | %d | %s | %s | %.1f |" % (
             rec["model"], rec["hosts"], rec["rate"], " | ".join(
