@@ -14,7 +14,11 @@ model, data and N micro-batches per window):
   sfsync_sharded    GradientSync(shard_optimizer=True, shard_layout="flat") + sync.optimizer(AdamW,
                     overlap_step=True):
                     one reduce-scatter per bucket, each bucket's shard stepped as soon as it
-                    arrives, its all-gather started at once and waited by the next forward
+                    arrives, its all-gather started at once and waited at the end of its
+                    own window (timed: the next window is another variant's; a gather left
+                    in flight, --gathers-in-flight, as before 0.4, overlaps that variant's
+                    window and slows it: by up to 20 % at 200 Mbit/s, sfsync_perbucket's
+                    "1.06-1.20x DDP" of issue 24)
   sfsync_perbucket  GradientSync + sync.optimizer(AdamW, overlap_step=True) unsharded: each
                     bucket stepped as
                     soon as its all-reduce completes
@@ -59,6 +63,11 @@ def parse_args(argv=None):
     p.add_argument("--name", default=None, help="output file stem (default sharded_bench)")
     p.add_argument("--port", type=int, default=29700)
     p.add_argument("--smoke", action="store_true", help="loopback, 2 ranks, 3 windows, small")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="SF_TRACE of each sfsync variant: DIR/<variant>.rank<r>.json")
+    p.add_argument("--gathers-in-flight", action="store_true",
+                   help="leave sfsync_sharded's parameter gathers in flight when its window "
+                        "ends (before 0.4: they then ran during the next variant's window)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -78,11 +87,15 @@ class Runner:
         import ddp_common as common
         from sfsync import torch as sft
         self.variant, self.n = variant, a.micro_batches
+        self.gathers_in_flight = a.gathers_in_flight
         self.model = common.clone_model(base)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.sync = self.ddp = None
         kw = dict(lr=1e-3, weight_decay=0.01)
         if variant.startswith("sfsync"):
+            if a.trace:
+                os.environ["SF_TRACE"] = os.path.join(os.path.abspath(a.trace),
+                                                      variant + ".json")
             # Every parameter of the MLP gets a gradient: no used mask (the
             # sharded optimizer then steps per bucket).
             self.sync = sft.GradientSync(self.model, accumulation_steps=self.n,
@@ -90,6 +103,7 @@ class Runner:
                                          find_unused_parameters=False,
                                          shard_optimizer=variant == "sfsync_sharded",
                                          shard_layout="flat")
+            os.environ.pop("SF_TRACE", None)
             self.module = self.model
             if variant == "sfsync_adamw":
                 self.opt = torch.optim.AdamW(self.model.parameters(), **kw)
@@ -123,6 +137,11 @@ class Runner:
                     self._pass(x, y)
         self.opt.step()
         self.opt.zero_grad()
+        if self.variant == "sfsync_sharded" and not self.gathers_in_flight:
+            # Within its own window: the variants take turns window by window,
+            # so a gather left in flight would overlap (and slow) the next
+            # variant's window instead of this variant's next forward.
+            self.opt.wait_parameters()
 
     def state_bytes(self):
         import torch
@@ -193,6 +212,11 @@ def run_one(a, n, rate):
           str(a.batch_size), "--features", str(a.features), "--hidden", str(a.hidden),
           "--depth", str(a.depth), "--classes", str(a.classes), "--bucket-cap-mb",
           str(a.bucket_cap_mb), "--variants"] + a.variants
+    if a.trace:
+        os.makedirs(a.trace, exist_ok=True)
+        me += ["--trace", os.path.abspath(a.trace)]
+    if a.gathers_in_flight:
+        me.append("--gathers-in-flight")
     return run_ranks(a, n, rate, me, "sharded_bench")
 
 

@@ -18,7 +18,9 @@ sharded context the reduced shards are then all-gathered into ``.grad``
 (sf_gather_gradients: the price of final gradients, half an all-reduce).
 
 ``overlap_step=True`` (opt-in): the window's last pass only starts the
-collectives; inside ``opt.step()`` each bucket is waited (sf_wait_bucket) and
+collectives (unsharded with a single bucket it is off, ``opt.overlap_step``
+False: nothing to overlap, so the final-gradient step runs); inside
+``opt.step()`` each bucket is waited (sf_wait_bucket) and
 its parameters stepped at once, so the step of bucket k overlaps the wire
 time of buckets k+1.. (DDP steps after the last bucket). It forbids reading
 ``.grad`` between the window's last backward and ``opt.step()``: the
@@ -143,9 +145,13 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             lambda: None)
         self._class = optimizer_class
         self._sharded = sync.shard_optimizer
-        self.overlap_step = bool(overlap_step)
         ctx = sync.context
         self._buckets = ctx.stats()["bucket_count"]
+        # The rule (issue 24): unsharded with one bucket there is no other
+        # bucket's wire time for a step to overlap, so the per-bucket step
+        # cannot win: off (the final-gradient step). Sharded it stays: there
+        # it also leaves out the gradient gather.
+        self.overlap_step = bool(overlap_step) and (self._sharded or self._buckets > 1)
         index_of = {id(p): i for i, p in enumerate(sync.params)}
         self._slots = []
         for i, (p, gid) in enumerate(zip(sync.params, self._store.ids)):
