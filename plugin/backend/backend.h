@@ -22,14 +22,15 @@ class Tracer;
 struct ReduceSpec {
   double prescale = 1.0;
   double postscale = 1.0;
-  // Elements from the start of the buffer that the scales apply to (-1: all).
-  // The window-check bucket's last two elements are summed unscaled.
+  // Elements from the start of the buffer (of each segment, sharded) that
+  // the scales apply to (-1: all); the elements after them, a tail the
+  // caller reserved for its own values, are summed unscaled.
   int64_t scaledElems = -1;
   int64_t bucket = -1;       // the bucket's index, for the trace
   Tracer* trace = nullptr;   // SF_TRACE: where a backend records wire events
   // Reduce-scatter and all-gather: per segment, the leading elements that
   // hold data (ShardLayout::used); the elements from there up to
-  // scaledElems (the window-check slot; -1: the segment's end) are padding, which
+  // scaledElems (the reserved tail; -1: the segment's end) are padding, which
   // a backend may leave off the wire (their values afterwards: as before the
   // call, or summed). Empty: every element holds data.
   std::vector<int64_t> segmentUsed;
@@ -64,10 +65,10 @@ class MemoryOps {
   // A few bytes of window-check values between host memory and this memory:
   // write from host `src` to `dst`, ordered before the next collective's
   // start; read `src` into host `dst` once the collectives before it are
-  // done, bounded by the timeout. (Still named *Control: the reducer calls
-  // them, and its rename is another change's.)
-  virtual void writeControl(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-  virtual void readControl(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+  // done, bounded by the timeout. ("Small": "control" names only the small
+  // control collectives below.)
+  virtual void writeSmall(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+  virtual void readSmall(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
   // Host memory, for gradients that no backend owns yet.
   static MemoryOps& host() {

@@ -119,7 +119,7 @@ void WindowCheck::encode(const BucketBuffers& b, MemoryOps& memory, int64_t wind
   storeValue(values, dtype, double(x));
   storeValue(values + esize, dtype, double(x * x));
   for (int64_t k = 0; k < b.layout.world; ++k) {
-    memory.writeControl(b.reservedTail(k), values, 2 * esize);
+    memory.writeSmall(b.reservedTail(k), values, 2 * esize);
   }
   carried_ = window;
 }
@@ -130,7 +130,7 @@ void WindowCheck::verify(const BucketBuffers& b, int64_t ownSegment, MemoryOps& 
   const size_t esize = dtypeSize(dtype);
   // This rank's own segment's tail (the only one a reduce-scatter sums here).
   char values[16];
-  memory.readControl(values, b.reservedTail(ownSegment), 2 * esize);
+  memory.readSmall(values, b.reservedTail(ownSegment), 2 * esize);
   const double sum = loadValue(values, dtype);
   const double sumSquares = loadValue(values + esize, dtype);
   const int64_t w = carried_, x = w % modulus_;

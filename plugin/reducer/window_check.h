@@ -45,7 +45,7 @@ class WindowCheck {
 
   // Before the carrier's collective: window `window` into every segment's
   // reserved tail of `b` (through `memory`, ordered before the collective).
-  // Throws what the memory's writeControl throws.
+  // Throws what the memory's writeSmall throws.
   void encode(const BucketBuffers& b, MemoryOps& memory, int64_t window);
   // After every bucket of the pass completed: reads this rank's own segment's
   // tail and compares. On a difference learns the ranks' exact numbers

@@ -106,7 +106,7 @@ typedef struct sfn_api {
   int32_t (*allreduce_max_int64)(sfn_comm* comm, int64_t* data, int64_t n, int64_t timeout_ms,
                                  sfn_error* err);
 
-  /* Control values (at most 256 bytes; the window check's two elements):
+  /* Small values (at most 256 bytes; the window check's two elements):
    * mem_write copies host memory at `src` to device memory at `dst` on the
    * host's stream through pinned staging (`src` may be reused at once; the
    * next mem_write only after the collectives that read this one finished);

@@ -247,13 +247,13 @@ void NcclBackend::zero(void* p, size_t bytes) {
   check(api_.mem_zero(device(), p, bytes, &err), err);
 }
 
-void NcclBackend::writeControl(void* dst, const void* src, size_t bytes) {
+void NcclBackend::writeSmall(void* dst, const void* src, size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   sfn_error err;
   check(api_.mem_write(device(), dst, src, bytes, &err), err);
 }
 
-void NcclBackend::readControl(void* dst, const void* src, size_t bytes) {
+void NcclBackend::readSmall(void* dst, const void* src, size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   sfn_error err;
   check(api_.mem_read(device(), dst, src, bytes, opts_.timeout_ms, &err), err);

@@ -59,8 +59,8 @@ class NcclBackend : public Backend {
   void deallocate(void* p) noexcept override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void zero(void* p, size_t bytes) override;
-  void writeControl(void* dst, const void* src, size_t bytes) override;
-  void readControl(void* dst, const void* src, size_t bytes) override;
+  void writeSmall(void* dst, const void* src, size_t bytes) override;
+  void readSmall(void* dst, const void* src, size_t bytes) override;
 
   // The host's cudaStream_t (NULL: the legacy default stream).
   void setHostStream(void* stream);
