@@ -2,7 +2,8 @@
 # Prepares tests/gpu/run.sh for a GPU machine that cannot build: builds here
 # (CUDA 13 and NCCL headers under /usr/local/cuda; no GPU needed), collects
 # into ONE folder what run.sh runs (bin/: the GPU check program, the CUDA
-# sample trainer, the shim's NCCL host; lib/: libsfsync, its NCCL module,
+# sample trainer, the shim's NCCL host; python/: the sfsync package;
+# scripts/: the sfsync.torch steps' scripts; lib/: libsfsync, its NCCL module,
 # the shim, and every shared library they link that a CUDA/PyTorch image
 # lacks, as ldd resolves them here: Gloo, hiredis, OpenSSL's libcrypto,
 # ibverbs, ...), strips debug info, checks the folder (under 64 MiB; ldd of
@@ -70,6 +71,20 @@ if [ "${#missing[@]}" -ne 0 ]; then
 fi
 ln -sf libsfsync.so.1 "$carried/lib/libsfsync.so"
 
+# For run.sh's sfsync.torch steps: the pure-Python package (the GPU machine's
+# Python 3.12 runs it; libsfsync.so.1 above is its library) and the scripts
+# they run (tests/gpu's, the torchrun harness, the framework tests).
+mkdir -p "$carried/python" "$carried/scripts/frameworks" || exit 2
+(cd "$root/python" && find sfsync -name '*.py' -not -path '*/__pycache__/*' -print0 |
+  xargs -0 cp --parents -t "$carried/python") || exit 2
+for f in tests/gpu/torch_cuda.py tests/gpu/torch_facts.sh tests/gpu/frameworks_world1.sh \
+         tests/python/run_torchrun.py; do
+  cp "$root/$f" "$carried/scripts/" || exit 2
+done
+for f in _common.py test_accelerate.py test_lightning.py; do
+  cp "$root/tests/python/frameworks/$f" "$carried/scripts/frameworks/" || exit 2
+done
+
 # What a CUDA / PyTorch image has anyway, and what run.sh brings at run time.
 base='^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libutil\.so)'
 runtime='^(libcudart\.so\.13|libnccl\.so\.2)$'
@@ -115,6 +130,8 @@ for f in "$carried"/bin/* "$carried"/lib/*; do
   done < <(LD_LIBRARY_PATH=$carried/lib ldd "$f" 2>/dev/null | sed 's/^\s*//')
 done
 ls -l "$carried"/lib | awk 'NR > 1 {print "  lib/" $9 " " $5}'
+echo "  python/: $(find "$carried/python" -type f | wc -l) files, $(du -sb "$carried/python" | cut -f1) bytes;" \
+  "scripts/: $(find "$carried/scripts" -type f | wc -l) files, $(du -sb "$carried/scripts" | cut -f1) bytes"
 [ "$status" -ne 0 ] && exit 1
 rel=${carried#"$root"/}
 echo "ldd: every binary resolves inside the carried folder, to the C/C++ runtime, or to libcudart.so.13 / libnccl.so.2 (from the GPU machine's PyTorch environment)"

@@ -26,6 +26,18 @@
 #                      refuses ("duplicate GPU") one SKIP line says so
 #   two_ranks_leave, two_ranks_busbw   a lost peer / mid-run destroy, and
 #                      busbw at world size 2: only if NCCL accepted
+# sfsync.torch on CUDA (issue 23; public Python API, the carried package and
+# libsfsync on this machine's torch, tests/gpu/torch_cuda.py):
+#   torch_facts        INFO lines: is Gloo exported from libtorch_cpu.so (nm -D),
+#                      is libnccl.so.2 NEEDED by libtorch_cuda.so (readelf -d)
+#   torch_world1       GradientSync flat / flat_buffer=False / sharded flat /
+#                      sharded parameter, attach(DDP): each against DDP (NCCL)
+#                      + AdamW: weights, bytes per window (sfsync's stats and
+#                      NCCL's COLL lines), torch.cuda.max_memory_allocated
+#   torch_two_ranks    the same at two ranks on the one GPU: only if NCCL
+#                      accepted two_ranks_parity
+#   frameworks_world1  tests/python/frameworks' Accelerate and Lightning tests
+#                      on CUDA at world size 1 (SKIP where the image lacks them)
 # Where no GPU is visible every step is SKIP and the exit status is 0.
 #
 # Exit: 0 nothing failed, 1 a step failed, 2 bad arguments or carried folder.
@@ -76,10 +88,16 @@ write_summary() {  # verdict
 }
 
 all_steps=(world1_parity world1_stream world1_trainer shim_nccl_host ddp_shim busbw_world1
-           two_ranks_parity two_ranks_leave two_ranks_busbw)
+           torch_facts torch_world1 two_ranks_parity two_ranks_leave two_ranks_busbw
+           torch_two_ranks frameworks_world1)
 bin=$carried/bin
+pkg=$carried/python
+scripts=$carried/scripts
 for f in "$bin/sfsync-gpu-check" "$bin/sfsync-cuda-trainer" "$bin/sfsync_shim_nccl_host" \
-         "$carried/lib/libsfsync.so.1" "$carried/lib/libsfsync_nccl.so" "$carried/lib/libsfsync_shim.so"; do
+         "$carried/lib/libsfsync.so.1" "$carried/lib/libsfsync_nccl.so" "$carried/lib/libsfsync_shim.so" \
+         "$pkg/sfsync/__init__.py" "$scripts/torch_cuda.py" "$scripts/torch_facts.sh" \
+         "$scripts/frameworks_world1.sh" "$scripts/run_torchrun.py" "$scripts/frameworks/test_accelerate.py" \
+         "$scripts/frameworks/test_lightning.py" "$scripts/frameworks/_common.py"; do
   if [ ! -e "$f" ]; then
     echo "run.sh: the carried folder lacks $f (run tests/gpu/prepare.sh again)" >&2
     exit 2
@@ -133,12 +151,13 @@ step() {
     return 1
   fi
   local limit=$((want < left ? want : left)) t0=$(date +%s) pids=() r rc=0 codes=()
+  local port=$((29500 + RANDOM % 1000))  # one for all ranks (torch's env:// meets there)
   rm -rf "$out/rdv-$name"
   for ((r = 0; r < world; ++r)); do
     local extra_var="SF_RANK_ENV_$r"
     # shellcheck disable=SC2086
     env "${envs[@]}" ${!extra_var:-} RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r \
-      MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + RANDOM % 1000)) \
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
       SF_RENDEZVOUS="file://$out/rdv-$name" SF_GPU_ID_FILE="$out/id-$name" \
       timeout -k 5 "$limit" "$@" >"$out/$name.$r.log" 2>&1 &
     pids+=($!)
@@ -195,6 +214,19 @@ else
 fi
 step busbw_world1 30 1 -- "$check" busbw --mib 64
 
+# sfsync.torch on CUDA: the carried package and library on this machine's
+# torch. Until the CUDA Python path lands these FAIL with GradientSync's
+# "needs CPU parameters" TypeError: that is the expected result then.
+pyenv=(PYTHONPATH="$pkg" SFSYNC_LIBRARY="$carried/lib/libsfsync.so.1" OMP_NUM_THREADS=1)
+step torch_facts 10 1 -- "$scripts/torch_facts.sh" "$venv"
+grep -h '^INFO torch_' "$out"/torch_facts.*.log 2>/dev/null
+if [ -x "$python" ]; then
+  step torch_world1 75 1 "${pyenv[@]}" -- "$python" "$scripts/torch_cuda.py" \
+    --nccl-log "$out/nccl-torch_world1.%p.log"
+else
+  record SKIP torch_world1 0 "no PyTorch at $python"
+fi
+
 # Two ranks on the one GPU: NCCL refuses two ranks of one communicator on
 # one device ("duplicate GPU") unless they look like two hosts.
 two=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1)
@@ -207,11 +239,27 @@ if step two_ranks_parity 75 2 "${two[@]}" -- "$check" parity; then
   refused=''
   step two_ranks_leave 40 2 "${two[@]}" -- "$check" leave
   step two_ranks_busbw 40 2 "${two[@]}" -- "$check" busbw --mib 64
+  if [ -x "$python" ]; then
+    step torch_two_ranks 90 2 "${two[@]}" "${pyenv[@]}" -- "$python" "$scripts/torch_cuda.py" \
+      --nccl-log "$out/nccl-torch_two_ranks.%p.log"
+  else
+    record SKIP torch_two_ranks 0 "no PyTorch at $python"
+  fi
 else
   refused=''
   echo "two ranks on one GPU: not run further (see two_ranks_parity above); going on"
   record SKIP two_ranks_leave 0 "needs two ranks (two_ranks_parity did not pass)"
   record SKIP two_ranks_busbw 0 "needs two ranks (two_ranks_parity did not pass)"
+  record SKIP torch_two_ranks 0 "needs two ranks (two_ranks_parity did not pass)"
+fi
+unset SF_RANK_ENV_0 SF_RANK_ENV_1
+
+# The frameworks last: the longest step (two torchrun launches).
+if [ -x "$python" ]; then
+  step frameworks_world1 130 1 "${pyenv[@]}" -- "$scripts/frameworks_world1.sh" "$python" \
+    "$scripts/frameworks" "$scripts/run_torchrun.py" "$out" 60
+else
+  record SKIP frameworks_world1 0 "no PyTorch at $python"
 fi
 
 verdict=PASS

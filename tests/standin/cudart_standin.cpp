@@ -8,15 +8,25 @@
 // Not emulated: kernels, the legacy default stream's implicit synchronization
 // with other blocking streams, memory pools, graphs.
 //
-// Test hooks (not CUDA): sfStandinCudaCounter(name), see README.md.
+// Strict where CUDA is undefined or silently forgiving (README.md, "Strict
+// streams and events"): a wait on an event never recorded, a destroyed event
+// or stream used again, an event destroyed while a host thread waits on it.
+// Each such MISUSE returns cudaErrorInvalidResourceHandle, prints one line on
+// stderr, counts in sfStandinCudaCounter("misuse"), and, unless a test took
+// it with sfStandinCudaTakeMisuse, makes the process exit with status 86.
+//
+// Test hooks (not CUDA): sfStandinCudaCounter(name), sfStandinCudaTakeMisuse,
+// see README.md.
 // Environment: SF_STANDIN_DEVICES (visible devices, default 8),
 // SF_STANDIN_CUDA_ERROR (cudaGetDeviceCount fails with this error code).
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -32,7 +42,7 @@
 namespace {
 
 std::atomic<int64_t> gDeviceSynchronize{0}, gStreamSynchronize{0}, gMalloc{0}, gFree{0},
-    gLaunchHostFunc{0}, gEventRecord{0}, gStreamWaitEvent{0};
+    gLaunchHostFunc{0}, gEventRecord{0}, gStreamWaitEvent{0}, gEventHostWaiters{0};
 thread_local int tDevice = 0;
 // Whether this thread has a current context (CUDA 12+: cudaSetDevice makes
 // the device's primary context current; a fresh thread has none, and
@@ -43,6 +53,37 @@ thread_local cudaError_t tLastError = cudaSuccess;
 cudaError_t ret(cudaError_t e) {
   if (e != cudaSuccess) tLastError = e;
   return e;
+}
+
+// Misuse of streams and events (see the file's header): counted, the last
+// message kept for sfStandinCudaTakeMisuse, checked at exit.
+std::mutex gMisuseMutex;
+int64_t gMisuse = 0;       // all, for sfStandinCudaCounter("misuse")
+int64_t gMisuseTaken = 0;  // those a test took with sfStandinCudaTakeMisuse
+std::string* gLastMisuse = new std::string;  // leaked: read at exit
+
+cudaError_t misuse(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(gMisuseMutex);
+    ++gMisuse;
+    *gLastMisuse = what;
+  }
+  std::fprintf(stderr, "CUDA stand-in: MISUSE: %s\n", what.c_str());
+  return ret(cudaErrorInvalidResourceHandle);
+}
+
+// At exit: a misuse no test took fails the process, even where the caller
+// ignored the status (a teardown path, say).
+__attribute__((destructor)) void checkMisuseAtExit() {
+  std::lock_guard<std::mutex> lock(gMisuseMutex);
+  const int64_t unseen = gMisuse - gMisuseTaken;
+  if (unseen <= 0) return;
+  std::fprintf(stderr,
+               "CUDA stand-in: %lld stream/event misuse(s) no test took (last: %s); "
+               "exiting with status 86\n",
+               static_cast<long long>(unseen), gLastMisuse->c_str());
+  std::fflush(stderr);
+  _exit(86);
 }
 
 int deviceCount() {
@@ -74,6 +115,7 @@ struct CUstream_st {
   uint64_t enqueued = 0;
   uint64_t completed = 0;
   bool stop = false;
+  std::atomic<bool> destroyed{false};  // cudaStreamDestroy ran: any further use is a misuse
   std::thread worker;
 
   CUstream_st() {
@@ -128,9 +170,15 @@ struct CUstream_st {
   }
 };
 
+// An event: the (stream, ticket) of its last cudaEventRecord. Never freed
+// (kept after cudaEventDestroy), so that a use after destroy is caught, not
+// undefined.
 struct CUevent_st {
-  CUstream_st* stream = nullptr;  // nullptr: never recorded (counts as done)
+  std::mutex m;
+  CUstream_st* stream = nullptr;  // nullptr: never recorded
   uint64_t ticket = 0;
+  bool destroyed = false;
+  int hostWaiters = 0;  // threads inside cudaEventSynchronize on it
 };
 
 namespace {
@@ -141,6 +189,54 @@ CUstream_st* resolve(cudaStream_t s) {
     return legacy;
   }
   return s;
+}
+
+std::string streamName(cudaStream_t s) {
+  char b[64];
+  std::snprintf(b, sizeof b, "stream %p", static_cast<void*>(s));
+  return b;
+}
+
+std::string eventName(cudaEvent_t e) {
+  char b[64];
+  std::snprintf(b, sizeof b, "event %p", static_cast<void*>(e));
+  return b;
+}
+
+// The stream `s` names for `what`, or nullptr (and a misuse) if it was destroyed.
+CUstream_st* usable(cudaStream_t s, const char* what) {
+  CUstream_st* st = resolve(s);
+  if (st->destroyed) {
+    misuse(std::string(what) + " on " + streamName(s) + ", destroyed by cudaStreamDestroy");
+    return nullptr;
+  }
+  return st;
+}
+
+// The (stream, ticket) of `e`'s last record for a wait by `what`; false (and
+// a misuse) for a destroyed event or one never recorded: CUDA treats the
+// latter as complete, so the wait would order nothing, which is always a
+// bug in sfsync's use (the event must mark work the waiter depends on).
+// `hostWait`: the caller then waits on the host (counted in hostWaiters).
+bool recorded(cudaEvent_t e, const char* what, CUstream_st** stream, uint64_t* ticket,
+              bool hostWait = false) {
+  std::lock_guard<std::mutex> lock(e->m);
+  if (e->destroyed) {
+    misuse(std::string(what) + " on " + eventName(e) + ", destroyed by cudaEventDestroy");
+    return false;
+  }
+  if (!e->stream) {
+    misuse(std::string(what) + " on " + eventName(e) +
+           ", never recorded (CUDA would return at once: the wait would order nothing)");
+    return false;
+  }
+  *stream = e->stream;
+  *ticket = e->ticket;
+  if (hostWait) {
+    ++e->hostWaiters;
+    ++gEventHostWaiters;
+  }
+  return true;
 }
 
 }  // namespace
@@ -264,6 +360,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) {
     return ret(cudaErrorInvalidResourceHandle);
   }
+  if (s->destroyed.exchange(true)) {
+    return misuse("cudaStreamDestroy of " + streamName(s) + ", already destroyed");
+  }
   s->shutdown();  // runs what is queued, then joins; the object stays (see shutdown)
   static std::mutex m;
   static auto* stopped = new std::vector<CUstream_st*>;  // reachable: not a leak to LSan
@@ -274,12 +373,15 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   ++gStreamSynchronize;
-  resolve(s)->drain();
+  CUstream_st* st = usable(s, "cudaStreamSynchronize");
+  if (!st) return cudaErrorInvalidResourceHandle;
+  st->drain();
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-  CUstream_st* st = resolve(s);
+  CUstream_st* st = usable(s, "cudaStreamQuery");
+  if (!st) return cudaErrorInvalidResourceHandle;
   std::lock_guard<std::mutex> lock(st->m);
   return st->completed >= st->enqueued ? cudaSuccess : cudaErrorNotReady;
 }
@@ -292,16 +394,35 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
 
+// Destroying an event that a stream waits on (cudaStreamWaitEvent) is
+// allowed, as CUDA documents: the wait captured the record when it was
+// issued. Destroying one while a host thread is inside cudaEventSynchronize
+// on it is a misuse (undefined in CUDA: the handle goes while in use).
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
-  delete e;
+  std::lock_guard<std::mutex> lock(e->m);
+  if (e->destroyed) return misuse("cudaEventDestroy of " + eventName(e) + ", already destroyed");
+  e->destroyed = true;
+  {
+    static std::mutex m;
+    static auto* gone = new std::vector<CUevent_st*>;  // reachable: not a leak to LSan
+    std::lock_guard<std::mutex> keep(m);
+    gone->push_back(e);
+  }
+  if (e->hostWaiters > 0) {
+    return misuse("cudaEventDestroy of " + eventName(e) + " while " +
+                  std::to_string(e->hostWaiters) + " host thread(s) wait in cudaEventSynchronize on it");
+  }
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   ++gEventRecord;
-  CUstream_st* st = resolve(s);
+  CUstream_st* st = usable(s, "cudaEventRecord");
+  if (!st) return cudaErrorInvalidResourceHandle;
+  std::lock_guard<std::mutex> lock(e->m);
+  if (e->destroyed) return misuse("cudaEventRecord of " + eventName(e) + ", destroyed by cudaEventDestroy");
   e->stream = st;
   e->ticket = st->enqueue([] {});
   return cudaSuccess;
@@ -309,30 +430,42 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
-  if (!e->stream) return cudaSuccess;
-  return e->stream->reached(e->ticket) ? cudaSuccess : cudaErrorNotReady;
+  CUstream_st* st = nullptr;
+  uint64_t ticket = 0;
+  if (!recorded(e, "cudaEventQuery", &st, &ticket)) return cudaErrorInvalidResourceHandle;
+  return st->reached(ticket) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
-  if (e->stream) e->stream->waitFor(e->ticket);
+  CUstream_st* st = nullptr;
+  uint64_t ticket = 0;
+  if (!recorded(e, "cudaEventSynchronize", &st, &ticket, true)) return cudaErrorInvalidResourceHandle;
+  st->waitFor(ticket);
+  std::lock_guard<std::mutex> lock(e->m);
+  --e->hostWaiters;
+  --gEventHostWaiters;
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   ++gStreamWaitEvent;
-  CUstream_st* other = e->stream;  // the state captured now, as CUDA does
-  const uint64_t ticket = e->ticket;
-  if (!other) return cudaSuccess;
-  resolve(s)->enqueue([other, ticket] { other->waitFor(ticket); });
+  CUstream_st* waiter = usable(s, "cudaStreamWaitEvent");
+  if (!waiter) return cudaErrorInvalidResourceHandle;
+  CUstream_st* other = nullptr;  // the record captured now, as CUDA does
+  uint64_t ticket = 0;
+  if (!recorded(e, "cudaStreamWaitEvent", &other, &ticket)) return cudaErrorInvalidResourceHandle;
+  waiter->enqueue([other, ticket] { other->waitFor(ticket); });
   return cudaSuccess;
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* userData) {
   if (!fn) return ret(cudaErrorInvalidValue);
   ++gLaunchHostFunc;
-  resolve(s)->enqueue([fn, userData] { fn(userData); });
+  CUstream_st* st = usable(s, "cudaLaunchHostFunc");
+  if (!st) return cudaErrorInvalidResourceHandle;
+  st->enqueue([fn, userData] { fn(userData); });
   return cudaSuccess;
 }
 
@@ -393,7 +526,9 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
   if ((!dst || !src) && n) return ret(cudaErrorInvalidValue);
-  resolve(s)->enqueue([dst, src, n] { std::memmove(dst, src, n); });
+  CUstream_st* st = usable(s, "cudaMemcpyAsync");
+  if (!st) return cudaErrorInvalidResourceHandle;
+  st->enqueue([dst, src, n] { std::memmove(dst, src, n); });
   return cudaSuccess;
 }
 
@@ -405,7 +540,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t s) {
   if (!p && n) return ret(cudaErrorInvalidValue);
-  resolve(s)->enqueue([p, value, n] { std::memset(p, value, n); });
+  CUstream_st* st = usable(s, "cudaMemsetAsync");
+  if (!st) return cudaErrorInvalidResourceHandle;
+  st->enqueue([p, value, n] { std::memset(p, value, n); });
   return cudaSuccess;
 }
 
@@ -434,6 +571,8 @@ cudaError_t cudaDriverGetVersion(int* v) {
 // How many times a function ran in this process: "cudaDeviceSynchronize",
 // "cudaStreamSynchronize", "cudaMalloc" (all allocations), "cudaFree" (all
 // frees), "cudaLaunchHostFunc", "cudaEventRecord", "cudaStreamWaitEvent";
+// "misuse" the stream/event misuses so far (taken or not);
+// "event_host_waiters" the threads inside cudaEventSynchronize now;
 // "live_allocations" is the number not yet freed; "thread_device" the device
 // of the calling thread's current context (-1: none). -1 for an unknown name.
 SF_STANDIN_EXPORT int64_t sfStandinCudaCounter(const char* name) {
@@ -445,10 +584,27 @@ SF_STANDIN_EXPORT int64_t sfStandinCudaCounter(const char* name) {
   if (n == "cudaLaunchHostFunc") return gLaunchHostFunc;
   if (n == "cudaEventRecord") return gEventRecord;
   if (n == "cudaStreamWaitEvent") return gStreamWaitEvent;
+  if (n == "event_host_waiters") return gEventHostWaiters;  // threads in cudaEventSynchronize
+  if (n == "misuse") {
+    std::lock_guard<std::mutex> lock(gMisuseMutex);
+    return gMisuse;
+  }
   if (n == "thread_device") return tHasContext ? tDevice : -1;  // this thread's current context
   if (n == "live_allocations") {
     std::lock_guard<std::mutex> lock(gAllocMutex);
     return int64_t(allocations().size());
   }
   return -1;
+}
+
+// Takes the misuses not taken yet: returns how many, copies the last
+// message into `last` (NUL-terminated, `cap` bytes; may be NULL). A test
+// that provokes a misuse on purpose takes it, so that the exit check (status
+// 86) fails only a process whose misuse nobody looked at.
+SF_STANDIN_EXPORT int64_t sfStandinCudaTakeMisuse(char* last, size_t cap) {
+  std::lock_guard<std::mutex> lock(gMisuseMutex);
+  const int64_t n = gMisuse - gMisuseTaken;
+  gMisuseTaken = gMisuse;
+  if (last && cap) std::snprintf(last, cap, "%s", n ? gLastMisuse->c_str() : "");
+  return n;
 }

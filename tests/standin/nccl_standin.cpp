@@ -31,6 +31,7 @@
 // sfStandinFailNext, sfStandinInProgressMode, sfStandinStallFinalize.
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <cstdlib>
 #include <nccl.h>
@@ -55,6 +56,44 @@
 #include <vector>
 
 #define SF_STANDIN_EXPORT extern "C" __attribute__((visibility("default")))
+
+// The CUDA stand-in this NCCL stand-in runs on: the libcudart.so.13 in its
+// own directory, opened by path (never by soname), so that it is the
+// stand-in even in a process where a real libcudart.so.13 was loaded first
+// (pip torch's, at `import torch`): a soname lookup would bind that one.
+namespace standin_cuda {
+struct Functions {
+  cudaError_t (*launchHostFunc)(cudaStream_t, cudaHostFn_t, void*) = nullptr;
+  cudaError_t (*getDevice)(int*) = nullptr;
+};
+const Functions& fn() {
+  static const Functions f = [] {
+    Functions r;
+    Dl_info info{};
+    std::string dir = ".";
+    if (::dladdr(reinterpret_cast<void*>(&fn), &info) && info.dli_fname) {
+      char* real = ::realpath(info.dli_fname, nullptr);  // the file's own directory, not a link's
+      dir = real ? real : info.dli_fname;
+      std::free(real);
+      const size_t slash = dir.rfind('/');
+      dir = slash == std::string::npos ? "." : dir.substr(0, slash);
+    }
+    const std::string path = dir + "/libcudart.so.13";
+    void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+      r.launchHostFunc = reinterpret_cast<decltype(r.launchHostFunc)>(::dlsym(h, "cudaLaunchHostFunc"));
+      r.getDevice = reinterpret_cast<decltype(r.getDevice)>(::dlsym(h, "cudaGetDevice"));
+    }
+    if (!h || !r.launchHostFunc || !r.getDevice || !::dlsym(h, "sfStandinCudaCounter")) {
+      std::fprintf(stderr, "NCCL stand-in: cannot use the CUDA stand-in %s: %s\n", path.c_str(),
+                   h ? "not the stand-in (no sfStandinCudaCounter)" : ::dlerror());
+      std::abort();
+    }
+    return r;
+  }();
+  return f;
+}
+}  // namespace standin_cuda
 
 namespace {
 
@@ -493,7 +532,7 @@ ncclResult_t enqueue(const char* function, ncclComm_t comm, const void* send, vo
   c->kind = function;
   c->seq = s->issued.load() + 1;
   s->queued.fetch_add(1);
-  if (cudaLaunchHostFunc(stream, runCollective, c) != cudaSuccess) {
+  if (standin_cuda::fn().launchHostFunc(stream, runCollective, c) != cudaSuccess) {
     s->queued.fetch_sub(1);
     delete c;
     return error(ncclUnhandledCudaError, std::string(function) + ": cannot enqueue on the stream");
@@ -572,7 +611,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   state->nranks = nranks;
   state->rank = rank;
   state->name.assign(id.internal, strnlen(id.internal, sizeof id.internal));
-  cudaGetDevice(&state->device);
+  standin_cuda::fn().getDevice(&state->device);
   const int fd = ::shm_open(state->name.c_str(), O_CREAT | O_RDWR, 0600);
   if (fd < 0) return error(ncclSystemError, "ncclCommInitRank: shm_open failed");
   if (::ftruncate(fd, off_t(segmentBytes(nranks))) != 0) {
@@ -897,13 +936,13 @@ ncclResult_t scratchCollective(const char* function, const void* send, void* rec
   const size_t es = typeSize(type);
   auto* s = new Scratch{std::vector<char>(count * size_t(st->nranks) * es), static_cast<const char*>(send),
                         static_cast<char*>(recv), size_t(st->rank) * count * es, count * es, gather};
-  if (gather && cudaLaunchHostFunc(stream, scratchIn, s) != cudaSuccess) {
+  if (gather && standin_cuda::fn().launchHostFunc(stream, scratchIn, s) != cudaSuccess) {
     delete s;
     return error(ncclUnhandledCudaError, std::string(function) + ": cannot enqueue on the stream");
   }
   const ncclResult_t r = enqueue(function, comm, gather ? s->buf.data() : send, s->buf.data(),
                                  count * size_t(st->nranks), type, op, -1, stream);
-  if (r != ncclSuccess || cudaLaunchHostFunc(stream, scratchOut, s) != cudaSuccess) {
+  if (r != ncclSuccess || standin_cuda::fn().launchHostFunc(stream, scratchOut, s) != cudaSuccess) {
     if (r != ncclSuccess && !gather) delete s;  // nothing on the stream refers to it
     return r != ncclSuccess ? r : error(ncclUnhandledCudaError, std::string(function) + ": cannot enqueue");
   }

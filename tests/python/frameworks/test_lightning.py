@@ -98,7 +98,8 @@ def fit(strategy, record_norms=True):
     model, counter = Net(), Bytes()
     model.record_norms = record_norms
     model.windows = counter.windows
-    trainer = lightning.Trainer(accelerator="cpu", devices=2, strategy=strategy,
+    trainer = lightning.Trainer(accelerator="gpu" if C.DEVICE == "cuda" else "cpu",
+                                devices=C.WORLD, strategy=strategy,
                                 max_epochs=EPOCHS, accumulate_grad_batches=N,
                                 gradient_clip_val=CLIP, callbacks=[counter], logger=False,
                                 enable_checkpointing=False, enable_progress_bar=False,
