@@ -77,8 +77,12 @@ class GradientSync(WindowFace):
       completes. ``set_accumulation_steps(n)``: N from the next window.
 
     Each parameter's ``.grad`` is a view into the plugin's flat buffer
-    (``flat_buffer=True``; CUDA parameters need ``flat_buffer=False``, their
-    own ``.grad`` registered). Grad-ready is reported from each parameter's
+    (``flat_buffer=True``), on the parameters' device: host memory for a
+    CPU model, NCCL's device memory for a CUDA one (one code path: only the
+    pointer, the stream and the events differ, sfsync/torch/device.py);
+    ``flat_buffer=False`` registers their own ``.grad``. ``device_ops``: the
+    DeviceOps to use instead of the parameters' device's (tests: the CUDA
+    stand-in's StandinCudaOps). Grad-ready is reported from each parameter's
     post-accumulate-grad hook (``Tensor.register_post_accumulate_grad_hook``,
     torch >= 2.1; torch 1.13: a post hook on its AccumulateGrad node), so
     buckets are reduced while the backward pass is still running.
@@ -88,7 +92,7 @@ class GradientSync(WindowFace):
                  hooks=True, broadcast=True, broadcast_buffers=True, find_unused_parameters=True,
                  verify_every=None, verify_buffers=False, store=None, bucket_cap_mb=None,
                  first_bucket_cap_mb=None, connect=True, shard_optimizer=False,
-                 shard_layout="flat", **options):
+                 shard_layout="flat", device_ops=None, **options):
         check_counts("GradientSync", accumulation_steps, verify_every)
         self.context = None  # (close() needs it, whatever fails below)
         other = _attached.get(module)
@@ -139,7 +143,7 @@ class GradientSync(WindowFace):
                 shard.set_layout(ctx, shard_layout)
             self.store = GradientStore(ctx, self.params, self.names, flat_buffer=flat_buffer,
                                        track_unused=self._track_unused,
-                                       sharded=self.shard_optimizer)
+                                       sharded=self.shard_optimizer, device_ops=device_ops)
             self.store.register()
             o = ctx.options()
             self.rank, self.world_size = o["rank"], o["world_size"]
@@ -279,7 +283,7 @@ class GradientSync(WindowFace):
         if store.mask is not None:
             store.mask[i] = 1
         self._reported[i] = True
-        self.context.grad_ready(store.ids[i])
+        store.grad_ready(self.params[i].grad, store.ids[i])
 
     def _end_pass(self):
         self._in_pass = False
@@ -292,7 +296,7 @@ class GradientSync(WindowFace):
             if self._optimizer is not None:  # this rank's own use, before the mask is reduced
                 self._optimizer.local_used = self.store.mask.clone()
             if self.store.mask_id is not None:
-                self.context.grad_ready(self.store.mask_id)
+                self.store.grad_ready(self.store.mask, self.store.mask_id)
         if self._window.end_pass():
             self._synchronize()
 
@@ -350,10 +354,12 @@ class GradientSync(WindowFace):
                     "sfsync: %s.grad is no longer the buffer registered with sfsync (it is %s: "
                     "optimizer.zero_grad(set_to_none=True) or an assignment to .grad inside the "
                     "window)" % (name, "None" if p.grad is None else "another tensor"))
+        self.store.before_plugin()  # (hooks=False: no grad_ready ordered the last pass)
         if self._optimizer is not None:  # final now, or bucket by bucket in opt.step()
             self._optimizer.window_closed()
         else:
             self.context.synchronize()
+            self.store.after_plugin()  # the current stream after the reduction
             self._after_synchronize()
         self._window.close_window()
 
