@@ -97,17 +97,17 @@ def train(rank, name, model, ops, backend, shard_optimizer, layout, out, **kw):
             for w in range(WINDOWS):
                 for m in range(MICRO):
                     x, y = batch(rank, w, m, model[0].weight.dtype)
-                    loss = torch.nn.functional.mse_loss(sync(x), y) / MICRO
+                    loss = torch.nn.functional.mse_loss(sync(x).float(), y.float()) / MICRO
                     loss.backward()
                 assert sync.is_step(), "window %d did not synchronize" % w
                 opt.step()
                 opt.zero_grad(set_to_none=False)
             opt.wait_parameters()
         if isinstance(ops, device_standin.StandinCudaOps):  # the views are the stand-in's memory
-            for p in model.parameters():
-                ops.pointer(p.grad)
-                if shard_optimizer:
-                    ops.pointer(p.data)
+            for g in sync.accumulated_grads():  # (the .grad views, or the accumulators)
+                ops.pointer(g)
+            for p in model.parameters() if shard_optimizer else ():
+                ops.pointer(p.data)
         out[rank] = {"weights": [p.detach().clone() for p in model.parameters()],
                      "state": opt.full_state_dict(), "stats": sync.stats()}
     finally:
@@ -162,9 +162,9 @@ class DevicePathTests(unittest.TestCase):
     def standin(self):
         return CountingStandinOps(os.path.join(STANDIN, "libcudart.so.13"))
 
-    def check(self, shard_optimizer, layout="flat"):
-        host, _ = run_ranks(lambda: None, "gloo", shard_optimizer, layout)
-        dev, ops = run_ranks(self.standin, "auto", shard_optimizer, layout)
+    def check(self, shard_optimizer, layout="flat", **kw):
+        host, _ = run_ranks(lambda: None, "gloo", shard_optimizer, layout, **dict(kw))
+        dev, ops = run_ranks(self.standin, "auto", shard_optimizer, layout, **dict(kw))
         for r in range(WORLD):
             for a, b in zip(host[r]["weights"], dev[r]["weights"]):
                 self.assertTrue(torch.equal(a, b), "rank %d: the device path's weights differ "
@@ -201,6 +201,14 @@ class DevicePathTests(unittest.TestCase):
             # next backward's after sf_zero_gradients.
             self.assertEqual(o.events["after_reduction"], WINDOWS * 2, o.events)
             self.assertEqual(o.events["before_forward"], 0, o.events)
+
+    def test_bf16_accumulated_in_float32_matches_the_cpu_path(self):
+        """accumulate_dtype=torch.float32 over a bf16 model: float32 device
+        buckets, each micro-batch's bf16 .grad added in at its grad-ready."""
+        ops, params = self.check(False, dtype=torch.bfloat16, accumulate_dtype=torch.float32)
+        for o in ops:
+            self.assertEqual(o.events["grad_ready"], WINDOWS * MICRO * (params + 1), o.events)
+            self.assertEqual(o.events["after_reduction"], WINDOWS * 2, o.events)
 
     def test_sharded_flat_adamw_matches_the_cpu_path(self):
         ops, params = self.check(True, "flat")

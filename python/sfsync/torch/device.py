@@ -132,7 +132,8 @@ class DeviceOps:
 
     def order(self, before, after):
         """``after`` waits on the device for what ``before`` holds now."""
-        if after is None or before is None or self.stream_handle(before) == self.stream_handle(after):
+        if after is None or before is None or \
+                self.stream_handle(before) == self.stream_handle(after):
             return None  # one stream orders itself
         event = self.record_event(before)
         self.wait_event(event, after)

@@ -137,6 +137,10 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
                             "subclass, not %r" % (optimizer_class,))
         if sync.sync_optimizer is not None:
             raise RuntimeError("sync.optimizer: this GradientSync already has an optimizer")
+        if overlap_step and getattr(sync, "accumulate_dtype", None) is not None:
+            raise ValueError("sync.optimizer(overlap_step=True) steps a bucket before the "
+                             "window's gradients are cast into .grad; GradientSync(accumulate_"
+                             "dtype=%s) needs overlap_step=False" % sync.accumulate_dtype)
         self._sync = weakref.proxy(sync)
         self._store = sync.store
         self._after_synchronize = after_synchronize if after_synchronize is not None else (

@@ -110,11 +110,23 @@ class GradientStore:
     ``.grad``); ``mask`` is the used-parameter mask (one element per
     parameter; None without ``track_unused``) and ``mask_id`` its gradient
     id when it rides in the buckets (None when it is reduced apart:
-    sharded)."""
+    sharded).
+
+    ``accumulate_dtype`` (e.g. torch.float32 for a bf16 model): the
+    gradients of parameters of another dtype are registered in it;
+    ``views[i]`` is then parameter i's accumulator (the flat buffer, in
+    accumulate_dtype), never its ``.grad``: each micro-batch's ``.grad``
+    (autograd's, in the parameter's dtype) is added into it at the
+    parameter's grad-ready and dropped (``take_micro``), and after a
+    synchronization ``.grad`` is the reduced accumulator cast to the
+    parameter's dtype (``publish``)."""
 
     def __init__(self, context, params, names, flat_buffer=True, track_unused=True,
-                 sharded=False, device_ops=None):
+                 sharded=False, device_ops=None, accumulate_dtype=None):
         self.context = context
+        self.accumulate_dtype = accumulate_dtype
+        self.acc = [accumulate_dtype is not None and p.dtype != accumulate_dtype for p in params]
+        self._acc_stale = False  # zero_grad(set_to_none=True): zero them at the window's start
         # The device-specific part (pointer, stream, event): sfsync/torch/device.py.
         self.ops = device_ops_for(params, names, device_ops)
         self.sync_stream = None  # the stream given to sf_set_cuda_stream (None: host)
@@ -140,7 +152,7 @@ class GradientStore:
             # Registered first: bucketed last (reverse order), with the first
             # parameter's dtype, so it shares a bucket instead of adding one.
             p0 = params[0]
-            mdtype = p0.dtype
+            mdtype = self.grad_dtype(0)
             if self.flat_buffer or ops.sf_device == sfsync.DEVICE_HOST:
                 self.mask_id = ctx.add_gradient(len(params), sf_dtype(mdtype), ops.sf_device,
                                                 "sfsync.used")
@@ -150,7 +162,7 @@ class GradientStore:
                                                      sf_dtype(mdtype), ops.sf_device,
                                                      "sfsync.used")
         for p, name in zip(params, self.names):
-            dtype, device = sf_dtype(p.dtype), ops.sf_device
+            dtype, device = sf_dtype(self.grad_dtype(len(self.ids))), ops.sf_device
             if self.flat_buffer:
                 self.ids.append(ctx.add_gradient(p.numel(), dtype, device, name))
                 if self.sharded:  # its parameter: a view of the flat parameter buffer
@@ -172,14 +184,18 @@ class GradientStore:
             ctx.set_cuda_stream(ops.stream_handle(self.sync_stream))
         ctx.build_buckets()
         if self.track_unused and self.mask is None:
-            self.mask = ops.wrap(ctx.gradient_data(self.mask_id), len(params), params[0].dtype,
+            self.mask = ops.wrap(ctx.gradient_data(self.mask_id), len(params), self.grad_dtype(0),
                                  (len(params),), owner=ctx)
         if self.flat_buffer:
-            for gid, p in zip(self.ids, params):
-                view = ops.wrap(ctx.gradient_data(gid), p.numel(), p.dtype, p.shape, owner=ctx)
+            for i, (gid, p) in enumerate(zip(self.ids, params)):
+                view = ops.wrap(ctx.gradient_data(gid), p.numel(), self.grad_dtype(i), p.shape,
+                                owner=ctx)
                 if p.grad is not None:  # keep what was already accumulated
                     view.copy_(p.grad)
-                p.grad = view
+                if self.acc[i]:
+                    p.grad = None  # autograd's fresh micro-batch gradient, added in (take_micro)
+                else:
+                    p.grad = view
                 self.views.append(view)
                 if self.sharded:
                     data = ops.wrap(shard.parameter_data(ctx, gid), p.numel(), p.dtype, p.shape,
@@ -218,10 +234,41 @@ class GradientStore:
         self.ops.release(self.ops.before_forward(self.sync_stream))
         self.ops.compute_point()
 
+    def grad_dtype(self, i):
+        """The dtype parameter i's gradient is registered (and reduced) in."""
+        return self.accumulate_dtype if self.acc[i] else self.params[i].dtype
+
     def grad_is_view(self, i):
-        """Parameter i's ``.grad`` is its registered view."""
+        """Parameter i's ``.grad`` is its registered view (an accumulated
+        parameter's ``.grad`` never is: True for it)."""
+        if self.acc[i]:
+            return True
         g = self.params[i].grad
         return g is not None and g.data_ptr() == self.views[i].data_ptr()
+
+    def take_micro(self, i):
+        """At parameter i's grad-ready: an accumulated parameter's ``.grad``
+        (this micro-batch's, in its own dtype) is added into its accumulator
+        (in accumulate_dtype: exact widening, one rounding per addition, as
+        a float32 reference loop's ``acc += g.float()``) and dropped, so
+        that autograd makes a fresh one for the next micro-batch. Returns
+        the tensor that is final now (what the sync stream must wait for)."""
+        p, view = self.params[i], self.views[i]
+        if not self.acc[i]:
+            return p.grad
+        if p.grad is not None:
+            view.add_(p.grad)
+            p.grad = None
+        return view
+
+    def publish(self):
+        """After a synchronization: each accumulated parameter's ``.grad`` is
+        its reduced accumulator in the parameter's dtype (torch's optimizers
+        need that dtype); the accumulator itself keeps the full precision
+        (``GradientSync.accumulated_grads()``)."""
+        for i, p in enumerate(self.params):
+            if self.acc[i]:
+                p.grad = self.views[i].to(p.dtype)
 
     def adopt_grad(self, i):
         """Parameter i's ``.grad`` is not its view: copy it in (a fresh
@@ -237,9 +284,18 @@ class GradientStore:
             p.grad = view
 
     def attach_grads(self):
-        """Every ``.grad`` is its view again (see adopt_grad)."""
-        for i in range(len(self.params)):
-            self.adopt_grad(i)
+        """Every ``.grad`` is its view again (see adopt_grad); an accumulated
+        parameter's ``.grad`` is None (the window's first micro-batch gets a
+        fresh one) and its accumulator starts from zero after
+        ``zero_grad(set_to_none=True)``."""
+        for i, p in enumerate(self.params):
+            if not self.acc[i]:
+                self.adopt_grad(i)
+                continue
+            p.grad = None
+            if self._acc_stale:
+                self.views[i].zero_()
+        self._acc_stale = False
 
     def zero_grad(self, set_to_none):
         """Zero every gradient in place (sf_zero_gradients), re-attaching a
@@ -247,12 +303,15 @@ class GradientStore:
         if set_to_none:
             for p in self.params:
                 p.grad = None
+            self._acc_stale = any(self.acc)
             return
         self.before_plugin()  # (the step read them on the current stream)
         self.context.zero_gradients()  # (on the sync stream)
         self.after_plugin()
         for i, p in enumerate(self.params):
-            if not self.grad_is_view(i):
+            if self.acc[i]:
+                p.grad = None
+            elif not self.grad_is_view(i):
                 p.grad = self.views[i]
 
     def take_unused(self):
@@ -274,6 +333,8 @@ class GradientStore:
                 p.data = p.data.clone()
         if self.flat_buffer:
             for i, p in enumerate(self.params):
+                if self.acc[i]:
+                    continue  # (its .grad is already its own: publish's copy, or None)
                 if self.grad_is_view(i):
                     # (a parameter resized after attach cannot take it: None)
                     p.grad = self.views[i].clone() if p.grad.shape == p.shape else None
