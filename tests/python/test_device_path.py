@@ -189,7 +189,38 @@ class DevicePathTests(unittest.TestCase):
             self.assertEqual(n, 0, "stand-in misuse on the device path: %s" % last)
             self.assertGreater(o.compute_points, 0)
         params = len(host[0]["weights"])
+        self.dev = dev
         return ops, params
+
+    def reload_at_world1(self, layout):
+        """The 2-rank run's full_state_dict() loaded by a sharded optimizer at
+        world size 1 on the stand-in (another world size, the same device
+        path): its full_state_dict() gives the same tensors back."""
+        full = self.dev[0]["state"]
+        model = make_model()
+        with torch.no_grad():
+            for p, w in zip(model.parameters(), self.dev[0]["weights"]):
+                p.copy_(w)
+        ops = self.standin()
+        ctx = sfsync.Context(rank=0, world_size=1, backend="auto", timeout_ms=60000)
+        sync = sft.GradientSync(model, context=ctx, device_ops=ops, shard_optimizer=True,
+                                shard_layout=layout, bucket_cap_mb=0.0005)
+        try:
+            opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=0.01)
+            opt.load_state_dict(full)
+            again = opt.full_state_dict()
+        finally:
+            sync.close()
+            ctx.close()
+        self.assertEqual(len(full["state"]), len(list(model.parameters())))  # AdamW's, each
+        self.assertEqual(sorted(again["state"]), sorted(full["state"]))
+        for k, st in full["state"].items():
+            for key, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    self.assertTrue(torch.equal(v.cpu(), again["state"][k][key].cpu()),
+                                    "state %s %s after the reload at world size 1" % (k, key))
+        n, last = ops.take_misuse()
+        self.assertEqual(n, 0, last)
 
     def test_unsharded_adamw_matches_the_cpu_path(self):
         ops, params = self.check(False)
@@ -213,10 +244,12 @@ class DevicePathTests(unittest.TestCase):
     def test_sharded_flat_adamw_matches_the_cpu_path(self):
         ops, params = self.check(True, "flat")
         self.sharded_counts(ops, params)
+        self.reload_at_world1("flat")
 
     def test_sharded_parameter_adamw_matches_the_cpu_path(self):
         ops, params = self.check(True, "parameter")
         self.sharded_counts(ops, params)
+        self.reload_at_world1("parameter")
 
     def sharded_counts(self, ops, params):
         for o in ops:
