@@ -62,6 +62,7 @@ from sfsync.errors import (STATUS_NAMES, BackendError, InternalError,  # noqa: F
 from sfsync.loader import (SINCE_0_2, SINCE_0_3, SINCE_0_4, abi_version,  # noqa: F401,E402
                            backend_available, backend_unavailable_reason, check_abi,
                            last_error, lib, library_path, load, log, log_level,
+                           prefer_torch_cuda_libraries,
                            status_string, version, version_number)
 from sfsync.context import DTYPE_NAMES, DTYPE_SIZES, Context, digest, options  # noqa: F401,E402
 

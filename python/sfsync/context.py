@@ -16,13 +16,13 @@ import contextlib
 import ctypes
 import weakref
 
-from sfsync._abi import (DEVICE_HOST, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32, DTYPE_FLOAT64,
-                         ERR_INTERNAL, ERR_INVALID_ARGUMENT, ERR_INVALID_STATE, ERR_UNSUPPORTED,
+from sfsync._abi import (DEVICE_CUDA, DEVICE_HOST, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32,
+                         DTYPE_FLOAT64, ERR_INTERNAL, ERR_INVALID_ARGUMENT, ERR_INVALID_STATE, ERR_UNSUPPORTED,
                          LOG_WARN, REDUCE_AVERAGE, REDUCE_PRESCALED_SUM, REDUCE_SUM,
                          RENDEZVOUS_MAX, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
                          STORE_TIMEOUT, Options, Stats, Store)
 from sfsync._abi import _ContextPtr  # the binding's opaque pointer type (see loader.py)
-from sfsync.loader import BACKEND_NAMES, error, lib, loaded, log
+from sfsync.loader import BACKEND_NAMES, error, lib, loaded, log, prefer_torch_cuda_libraries
 
 __all__ = ["DTYPE_SIZES", "DTYPE_NAMES", "options", "digest", "Context"]
 
@@ -244,6 +244,8 @@ class Context:
             numel = arr.size
             address = arr.ctypes.data
             owner = arr
+        if device == DEVICE_CUDA:
+            prefer_torch_cuda_libraries()
         out = ctypes.c_int64(-1)
         lib().sf_register_gradient(self.handle, address, numel, dtype, device,
                                   _name_bytes(name), ctypes.byref(out))
@@ -253,6 +255,8 @@ class Context:
     def add_gradient(self, numel, dtype=DTYPE_FLOAT32, device=DEVICE_HOST, name=None):
         """sf_add_gradient: a gradient stored in the plugin's flat buffer.
         Returns its id; get the memory with gradient_array() once all are added."""
+        if device == DEVICE_CUDA:
+            prefer_torch_cuda_libraries()
         out = ctypes.c_int64(-1)
         lib().sf_add_gradient(self.handle, numel, dtype, device, _name_bytes(name),
                              ctypes.byref(out))
@@ -416,6 +420,7 @@ class Context:
         """sf_adopt_nccl_comm: use the host's ncclComm_t (an int address) for
         this context's CUDA gradients; the host keeps ownership and must keep
         it alive until this context is closed."""
+        prefer_torch_cuda_libraries()
         lib().sf_adopt_nccl_comm(self.handle, comm)
 
     # -- stats

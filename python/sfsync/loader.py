@@ -25,7 +25,7 @@ BACKEND_NAMES = {"auto": BACKEND_AUTO, "gloo": BACKEND_GLOO, "nccl": BACKEND_NCC
 __all__ = ["SINCE_0_2", "SINCE_0_3", "SINCE_0_4", "load", "lib", "loaded", "library_path",
            "check_abi", "error", "error_for", "candidates", "Missing", "abi_version",
            "version_number", "version", "status_string", "last_error", "backend_available",
-           "backend_unavailable_reason", "log_level", "log"]
+           "backend_unavailable_reason", "log_level", "log", "prefer_torch_cuda_libraries"]
 
 #: name -> (restype, argtypes) of every function (from _abi.PROTOTYPES).
 _PROTOTYPES = {name: (p.restype, p.argtypes) for name, p in PROTOTYPES.items()}
@@ -220,11 +220,65 @@ def backend_unavailable_reason(backend):
     """None if ``backend`` is available, else sf_last_error()'s reason."""
     if isinstance(backend, str):
         backend = BACKEND_NAMES[backend]
+    if backend == BACKEND_NCCL:  # (it loads the CUDA runtime and NCCL)
+        prefer_torch_cuda_libraries()
     try:
         lib().sf_backend_available(backend)
     except UnsupportedError as e:
         return e.message
     return None
+
+
+_preferred = None  # what prefer_torch_cuda_libraries loaded (once per process)
+
+
+def prefer_torch_cuda_libraries():
+    """Before the first call that loads the CUDA runtime and NCCL (probing
+    NCCL, a CUDA gradient, an adopted communicator): where torch is not
+    imported yet but an installed pip torch brings its own copies
+    (site-packages/nvidia/cu13/lib/libcudart.so.13,
+    nvidia/nccl/lib/libnccl.so.2: the RPATH of its libtorch_cuda.so), load
+    those first (RTLD_GLOBAL), so that the plugin's NCCL module uses them
+    ("the copies already loaded in the process") and a later ``import
+    torch`` finds the same ones. Otherwise the module would load the
+    system's libnccl.so.2 first and ``import torch`` would then fail
+    (libtorch_cuda.so: undefined symbol ncclCommResume, an NCCL newer than
+    the system's). Nothing when torch is imported already (its copies are
+    loaded), when SF_CUDART_LIBRARY / SF_NCCL_LIBRARY name the files (the
+    caller chose), or when no such torch is installed. Returns the paths
+    loaded (a tuple, possibly empty)."""
+    global _preferred
+    import sys
+    with _lock:
+        if _preferred is not None:
+            return _preferred
+        found = ()
+        if "torch" not in sys.modules:
+            found = tuple(p for p in _torch_cuda_libraries() if p)
+            for path in found:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        _preferred = found
+        return found
+
+
+def _torch_cuda_libraries():
+    """(cudart, nccl): the files an installed pip torch's libtorch_cuda.so
+    loads (None for one not set by SF_CUDART_LIBRARY / SF_NCCL_LIBRARY and
+    present), found without importing torch."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None, None
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    site = os.path.dirname(list(spec.submodule_search_locations)[0])
+    out = []
+    for env, rel in (("SF_CUDART_LIBRARY", ("nvidia", "cu13", "lib", "libcudart.so.13")),
+                     ("SF_NCCL_LIBRARY", ("nvidia", "nccl", "lib", "libnccl.so.2"))):
+        path = os.path.join(site, *rel)
+        out.append(path if not os.environ.get(env) and os.path.isfile(path) else None)
+    return tuple(out)
 
 
 def log_level():

@@ -1,4 +1,4 @@
-"""Tests of python/sfsync/_device.py (issue 23): CpuOps, CudaOps' refusals
+"""Tests of python/sfsync/device.py (issue 23): CpuOps, CudaOps' refusals
 without a GPU, and StandinCudaOps on the strict CUDA stand-in, with the
 whole device path through the plugin: SF_DEVICE_CUDA gradients (the plugin's
 flat buffer, allocated by its NCCL backend on the stand-in), the stream given
@@ -32,7 +32,7 @@ if STANDIN:  # before anything loads the plugin's NCCL module
 import torch  # noqa: E402
 
 import sfsync  # noqa: E402
-from sfsync import _device  # noqa: E402
+from sfsync.torch import device, device_standin  # noqa: E402
 
 if not STANDIN and os.environ.get("CI") == "true":
     raise SystemExit("test_device_ops: SF_STANDIN_LIB_DIR is not set (CI=true: not a skip)")
@@ -41,8 +41,8 @@ needs_standin = unittest.skipUnless(STANDIN, "SF_STANDIN_LIB_DIR not set: no CUD
 
 class CpuOpsTests(unittest.TestCase):
     def test_host_pointers_and_no_streams(self):
-        ops = _device.ops_for("cpu")
-        self.assertIsInstance(ops, _device.CpuOps)
+        ops = device.ops_for("cpu")
+        self.assertIsInstance(ops, device.CpuOps)
         self.assertEqual(ops.sf_device, sfsync.DEVICE_HOST)
         t = torch.arange(6, dtype=torch.float32)
         self.assertEqual(ops.pointer(t), t.data_ptr())
@@ -56,7 +56,7 @@ class CpuOpsTests(unittest.TestCase):
             ops.pointer(torch.zeros(4, 4).t())
 
     def test_wrap_is_a_view_of_the_memory(self):
-        ops = _device.CpuOps()
+        ops = device.CpuOps()
         for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
             src = torch.arange(12, dtype=dtype)
             w = ops.wrap(src.data_ptr(), 12, dtype, (3, 4), owner=src)
@@ -71,23 +71,23 @@ class CpuOpsTests(unittest.TestCase):
 
     def test_other_devices_are_refused(self):
         with self.assertRaisesRegex(TypeError, "meta"):
-            _device.ops_for("meta")
+            device.ops_for("meta")
 
 
 class CudaOpsTests(unittest.TestCase):
     @unittest.skipIf(torch.cuda.is_available(), "a GPU is visible (tests/gpu covers CudaOps)")
     def test_refuses_without_a_gpu(self):
         with self.assertRaisesRegex(RuntimeError, r"torch.cuda.is_available\(\) is False"):
-            _device.ops_for("cuda")
+            device.ops_for("cuda")
         with self.assertRaisesRegex(ValueError, "must be a CUDA device, not cpu"):
-            _device.CudaOps("cpu")
+            device.CudaOps("cpu")
 
 
 @needs_standin
 class StandinOpsTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.ops = _device.StandinCudaOps(os.path.join(STANDIN, "libcudart.so.13"))
+        cls.ops = device_standin.StandinCudaOps(os.path.join(STANDIN, "libcudart.so.13"))
 
     def tearDown(self):
         n, last = self.ops.take_misuse()
@@ -97,7 +97,7 @@ class StandinOpsTests(unittest.TestCase):
         import ctypes.util
         libm = ctypes.util.find_library("m")
         with self.assertRaisesRegex(RuntimeError, "not the CUDA stand-in"):
-            _device.StandinCudaOps(libm)
+            device_standin.StandinCudaOps(libm)
 
     def test_a_wait_on_an_unrecorded_event_is_rejected(self):
         ops = self.ops
@@ -190,7 +190,7 @@ class StandinDevicePathTests(unittest.TestCase):
     WINDOWS, N = 3, 1000
 
     def test_two_ranks_flat_device_buffer(self):
-        ops = _device.StandinCudaOps(os.path.join(STANDIN, "libcudart.so.13"))
+        ops = device_standin.StandinCudaOps(os.path.join(STANDIN, "libcudart.so.13"))
         world, name = 2, "memory://device-ops-%s" % uuid.uuid4().hex
         results, errors = [None] * world, [None] * world
         nccl_before = None

@@ -69,6 +69,14 @@ class GradientSync(WindowFace):
     * A parameter added, removed, resized or frozen after attach is an error
       at the next synchronization, naming it.
     * ``verify_every=K``: see the module docstring.
+    * ``accumulate_dtype=torch.float32`` (FSDP2's
+      ``MixedPrecisionPolicy.reduce_dtype``): bf16/fp16 parameters' gradients
+      are accumulated over the window's micro-batches and reduced in float32
+      (the flat buffer holds them in float32, the buckets travel in float32);
+      each micro-batch's ``.grad`` is added in at its grad-ready, and after
+      the synchronization ``.grad`` is the reduced sum cast to the
+      parameter's dtype (``accumulated_grads()``: the float32 sums).
+      Unsharded, flat_buffer and hooks only (ValueError otherwise).
     * ``shard_optimizer=True, shard_layout="flat" | "parameter"`` (0.3):
       sharded windows: each bucket is reduce-scattered, the parameters live
       in the plugin's flat parameter buffer, and ``sync.optimizer(cls, params,
@@ -77,8 +85,12 @@ class GradientSync(WindowFace):
       completes. ``set_accumulation_steps(n)``: N from the next window.
 
     Each parameter's ``.grad`` is a view into the plugin's flat buffer
-    (``flat_buffer=True``; CUDA parameters need ``flat_buffer=False``, their
-    own ``.grad`` registered). Grad-ready is reported from each parameter's
+    (``flat_buffer=True``), on the parameters' device: host memory for a
+    CPU model, NCCL's device memory for a CUDA one (one code path: only the
+    pointer, the stream and the events differ, sfsync/torch/device.py);
+    ``flat_buffer=False`` registers their own ``.grad``. ``device_ops``: the
+    DeviceOps to use instead of the parameters' device's (tests: the CUDA
+    stand-in's StandinCudaOps). Grad-ready is reported from each parameter's
     post-accumulate-grad hook (``Tensor.register_post_accumulate_grad_hook``,
     torch >= 2.1; torch 1.13: a post hook on its AccumulateGrad node), so
     buckets are reduced while the backward pass is still running.
@@ -88,7 +100,7 @@ class GradientSync(WindowFace):
                  hooks=True, broadcast=True, broadcast_buffers=True, find_unused_parameters=True,
                  verify_every=None, verify_buffers=False, store=None, bucket_cap_mb=None,
                  first_bucket_cap_mb=None, connect=True, shard_optimizer=False,
-                 shard_layout="flat", **options):
+                 shard_layout="flat", accumulate_dtype=None, device_ops=None, **options):
         check_counts("GradientSync", accumulation_steps, verify_every)
         self.context = None  # (close() needs it, whatever fails below)
         other = _attached.get(module)
@@ -104,6 +116,8 @@ class GradientSync(WindowFace):
             if not flat_buffer:
                 raise ValueError("GradientSync(shard_optimizer=True) keeps parameters in the "
                                  "plugin's flat buffer: flat_buffer=False does not fit")
+        self.accumulate_dtype = _accumulate_dtype(accumulate_dtype, flat_buffer, hooks,
+                                                  shard_optimizer)
         self.shard_optimizer = bool(shard_optimizer)
         self.shard_layout = shard_layout if shard_optimizer else "none"
         self._optimizer = None  # sync.optimizer(...): steps per bucket (sfsync/torch/optim.py)
@@ -113,6 +127,12 @@ class GradientSync(WindowFace):
         if not self.params:
             raise ValueError("GradientSync: the module has no parameter that requires grad "
                              "(and has elements)")
+        width = torch.empty(0, dtype=self.accumulate_dtype or torch.float64).element_size()
+        for p, n in zip(self.params, self.names):
+            if p.element_size() > width:
+                raise ValueError("GradientSync: accumulate_dtype=%s is narrower than parameter "
+                                 "%s's dtype %s: it would lose precision, not keep it"
+                                 % (self.accumulate_dtype, n, p.dtype))
         self._signature = self._signature_of(self.params)
         self.flat_buffer = flat_buffer
         self.broadcast_buffers = broadcast_buffers
@@ -139,7 +159,8 @@ class GradientSync(WindowFace):
                 shard.set_layout(ctx, shard_layout)
             self.store = GradientStore(ctx, self.params, self.names, flat_buffer=flat_buffer,
                                        track_unused=self._track_unused,
-                                       sharded=self.shard_optimizer)
+                                       sharded=self.shard_optimizer, device_ops=device_ops,
+                                       accumulate_dtype=self.accumulate_dtype)
             self.store.register()
             o = ctx.options()
             self.rank, self.world_size = o["rank"], o["world_size"]
@@ -279,7 +300,7 @@ class GradientSync(WindowFace):
         if store.mask is not None:
             store.mask[i] = 1
         self._reported[i] = True
-        self.context.grad_ready(store.ids[i])
+        store.grad_ready(store.take_micro(i), store.ids[i])
 
     def _end_pass(self):
         self._in_pass = False
@@ -292,7 +313,7 @@ class GradientSync(WindowFace):
             if self._optimizer is not None:  # this rank's own use, before the mask is reduced
                 self._optimizer.local_used = self.store.mask.clone()
             if self.store.mask_id is not None:
-                self.context.grad_ready(self.store.mask_id)
+                self.store.grad_ready(self.store.mask, self.store.mask_id)
         if self._window.end_pass():
             self._synchronize()
 
@@ -350,15 +371,19 @@ class GradientSync(WindowFace):
                     "sfsync: %s.grad is no longer the buffer registered with sfsync (it is %s: "
                     "optimizer.zero_grad(set_to_none=True) or an assignment to .grad inside the "
                     "window)" % (name, "None" if p.grad is None else "another tensor"))
+        self.store.before_plugin()  # (hooks=False: no grad_ready ordered the last pass)
         if self._optimizer is not None:  # final now, or bucket by bucket in opt.step()
             self._optimizer.window_closed()
         else:
             self.context.synchronize()
+            self.store.after_plugin()  # the current stream after the reduction
             self._after_synchronize()
         self._window.close_window()
 
     def _after_synchronize(self):
-        """Every bucket reduced: unused parameters' .grad None, buffers."""
+        """Every bucket reduced: accumulated parameters' .grad (publish),
+        unused parameters' .grad None, buffers."""
+        self.store.publish()
         unused = self.store.take_unused()
         if unused:
             log(sfsync.LOG_TRACE, "window %d: no gradient on any rank for %s" % (
@@ -390,6 +415,14 @@ class GradientSync(WindowFace):
                                         overlap_step=overlap_step,
                                         after_synchronize=self._after_synchronize, **defaults)
         return self._optimizer
+
+    def accumulated_grads(self):
+        """With ``accumulate_dtype``: each parameter's gradient in the flat
+        buffer (a view, in accumulate_dtype for the parameters of another
+        dtype): after a synchronization the reduced window's sum in full
+        precision, of which ``.grad`` is the cast. Without it: the ``.grad``
+        views."""
+        return list(self.store.views)
 
     def zero_grad(self, set_to_none=SET_TO_NONE_DEFAULT):
         """Zero every gradient in place (sf_zero_gradients), re-attaching a
@@ -460,6 +493,30 @@ class GradientSync(WindowFace):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+_ACCUMULATE_DTYPES = (torch.float32, torch.float64)
+
+
+def _accumulate_dtype(value, flat_buffer, hooks, shard_optimizer):
+    """GradientSync's accumulate_dtype, checked (ValueError naming it)."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.dtype) or value not in _ACCUMULATE_DTYPES:
+        raise ValueError("GradientSync: accumulate_dtype must be None, torch.float32 or "
+                         "torch.float64, not %r" % (value,))
+    if not flat_buffer:
+        raise ValueError("GradientSync(accumulate_dtype=%s) accumulates in the plugin's flat "
+                         "buffer: flat_buffer=False does not fit" % value)
+    if not hooks:
+        raise ValueError("GradientSync(accumulate_dtype=%s) adds each micro-batch's gradient "
+                         "at its grad-ready hook: hooks=False does not fit" % value)
+    if shard_optimizer:
+        raise ValueError("GradientSync(accumulate_dtype=%s, shard_optimizer=True): not "
+                         "supported: a sharded parameter's buffer has its gradient's dtype "
+                         "(sf_register_parameter); the sharded optimizer already steps "
+                         "float32 master shards of 16-bit parameters" % value)
+    return value
 
 
 def _call(method, *args):

@@ -139,6 +139,10 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
                             "subclass, not %r" % (optimizer_class,))
         if sync.sync_optimizer is not None:
             raise RuntimeError("sync.optimizer: this GradientSync already has an optimizer")
+        if overlap_step and getattr(sync, "accumulate_dtype", None) is not None:
+            raise ValueError("sync.optimizer(overlap_step=True) steps a bucket before the "
+                             "window's gradients are cast into .grad; GradientSync(accumulate_"
+                             "dtype=%s) needs overlap_step=False" % sync.accumulate_dtype)
         self._sync = weakref.proxy(sync)
         self._store = sync.store
         self._after_synchronize = after_synchronize if after_synchronize is not None else (
@@ -325,6 +329,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
     def _wait(self, b):
         if b not in self._waited:
             shard.wait_bucket(self._sync.context, b)
+            self._store.after_plugin()  # the optimizer's stream after the reduction
             self._waited.add(b)
 
     def _synchronize(self, whole=False):
@@ -335,12 +340,14 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         read it: torch's clip, GradScaler.unscale_ over param_groups)."""
         sync = self._sync
         sync.context.synchronize()
+        self._store.after_plugin()  # the optimizer's stream after the reductions
         self._waited = set(range(self._buckets))
         if self._sharded and self._store.mask is not None:
             self.wait_parameters()
             shard.allreduce_float64(sync.context, self._store.mask)
         if self._sharded and whole:
             shard.gather_gradients(sync.context)
+            self._store.after_plugin()
         self._after_synchronize()
         self._phase = Phase.SYNCHRONIZED
 
@@ -355,16 +362,21 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         every parameter is whole on this rank."""
         if self._gathering:
             shard.wait_gather(self._sync.context, -1)
+            self._store.after_gather()
             self._gathering.clear()
 
     def _wait_gathers(self, buckets):
         if not self._gathering:
             return
         ctx = self._sync.context
+        waited = False
         for b in buckets:
             if b in self._gathering:
                 shard.wait_gather(ctx, b)
                 self._gathering.discard(b)
+                waited = True
+        if waited:  # the forward's stream waits for them on the device
+            self._store.after_gather()
 
     # -- stepping
 
@@ -403,6 +415,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
     def _step_bucket(self, b):
         self._step_slots(self._by_bucket[b])
         if self._sharded:
+            self._store.before_plugin()  # the gather reads what the step wrote
             shard.start_gather(self._sync.context, b)
             self._gathering.add(b)
 

@@ -8,19 +8,20 @@ the flat gradient and parameter buffers that become ``p.grad`` / ``p.data``;
 the used-parameter mask; the bytes of a tensor as seen by sf_broadcast and
 sf_digest. Every ``.data_ptr()``, every address handed to the library and
 every allocation of a flat buffer is in this module, so that the device of
-the buffers is decided in one place (today: host memory; a CUDA store
-changes only the pointer, stream and event here).
+the buffers is decided in one place: the store's DeviceOps
+(sfsync/torch/device.py: CpuOps, CudaOps, or the tests' StandinCudaOps) gives the
+pointer, the wrapped tensor, the stream and the events; nothing else here
+forks on the device.
 
 Not responsible for: when a pass or a window starts or ends (gradient_sync.py,
 sfsync/host_window.py), the optimizer (optim.py), replica checks (verify.py).
 """
 
-import ctypes
-
 import torch
 
 import sfsync
 from sfsync import shard
+from sfsync.torch import device as _device_ops
 
 __all__ = ["sf_dtype", "sf_device", "host_bytes", "host_address", "broadcast_tensors",
            "GradientStore"]
@@ -88,27 +89,17 @@ def broadcast_tensors(ctx, tensors, root=0):
                 v.copy_(src)
 
 
-def _gradient_view(ctx, gid, dtype, shape):
-    """The plugin-owned gradient ``gid`` as a tensor (no copy)."""
-    array = ctx.gradient_array(gid)
-    if dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
-        t = torch.from_numpy(array.view("int16")).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(array)
-    return t.view(shape)
-
-
-def _parameter_view(ctx, gid, dtype, shape):
-    """Parameter ``gid``'s view of the plugin's flat parameter buffer (no
-    copy; the view keeps the context alive)."""
-    import numpy as np
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-    raw = (ctypes.c_uint8 * nbytes).from_address(shard.parameter_data(ctx, gid))
-    raw.sf_context = ctx  # the memory lives as long as the context
-    return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8)).view(dtype).view(shape)
+def device_ops_for(params, names, device_ops=None):
+    """The DeviceOps of a parameter list (sfsync/torch/device.py): ``device_ops``
+    when given (StandinCudaOps in the CPU tests of the device path), else the
+    one of the parameters' device; every parameter must be on that one
+    device (TypeError naming the first that is not)."""
+    first = params[0].device
+    for p, name in zip(params, names):
+        if p.device != first:
+            raise TypeError("GradientSync: every parameter must be on one device: %s is on %s, "
+                            "%s on %s" % (names[0], first, name, p.device))
+    return device_ops if device_ops is not None else _device_ops.ops_for(first)
 
 
 class GradientStore:
@@ -119,11 +110,26 @@ class GradientStore:
     ``.grad``); ``mask`` is the used-parameter mask (one element per
     parameter; None without ``track_unused``) and ``mask_id`` its gradient
     id when it rides in the buckets (None when it is reduced apart:
-    sharded)."""
+    sharded).
+
+    ``accumulate_dtype`` (e.g. torch.float32 for a bf16 model): the
+    gradients of parameters of another dtype are registered in it;
+    ``views[i]`` is then parameter i's accumulator (the flat buffer, in
+    accumulate_dtype), never its ``.grad``: each micro-batch's ``.grad``
+    (autograd's, in the parameter's dtype) is added into it at the
+    parameter's grad-ready and dropped (``take_micro``), and after a
+    synchronization ``.grad`` is the reduced accumulator cast to the
+    parameter's dtype (``publish``)."""
 
     def __init__(self, context, params, names, flat_buffer=True, track_unused=True,
-                 sharded=False):
+                 sharded=False, device_ops=None, accumulate_dtype=None):
         self.context = context
+        self.accumulate_dtype = accumulate_dtype
+        self.acc = [accumulate_dtype is not None and p.dtype != accumulate_dtype for p in params]
+        self._acc_stale = False  # zero_grad(set_to_none=True): zero them at the window's start
+        # The device-specific part (pointer, stream, event): sfsync/torch/device.py.
+        self.ops = device_ops_for(params, names, device_ops)
+        self.sync_stream = None  # the stream given to sf_set_cuda_stream (None: host)
         self.params, self.names = params, names
         self.flat_buffer, self.track_unused, self.sharded = flat_buffer, track_unused, sharded
         self.ids, self.views = [], []
@@ -132,31 +138,32 @@ class GradientStore:
 
     def register(self):
         """Register every gradient (and, sharded, parameter), build the
-        buckets, and point every ``.grad`` (and sharded ``.data``) at its view."""
-        ctx, params = self.context, self.params
+        buckets, and point every ``.grad`` (and sharded ``.data``) at its view.
+        The same lines for every device: the flat buffers are the plugin's
+        (sf_add_gradient / sf_register_parameter with the device's
+        sf_device: host memory, or NCCL's device memory), wrapped as tensors
+        on that device by ``ops.wrap``."""
+        ctx, params, ops = self.context, self.params, self.ops
         if self.track_unused and self.sharded:
             # Sharded: a gradient would arrive sharded; summed by the optimizer
-            # with one sf_allreduce_float64 instead (optim.py).
+            # with one sf_allreduce_float64 instead (optim.py): host memory.
             self.mask = torch.zeros(len(params), dtype=torch.float64)
         elif self.track_unused:
             # Registered first: bucketed last (reverse order), with the first
             # parameter's dtype, so it shares a bucket instead of adding one.
             p0 = params[0]
-            mdtype = p0.dtype
-            if self.flat_buffer or p0.device.type == "cpu":
-                self.mask_id = ctx.add_gradient(len(params), sf_dtype(mdtype),
-                                                sfsync.DEVICE_HOST, "sfsync.used")
+            mdtype = self.grad_dtype(0)
+            if self.flat_buffer or ops.sf_device == sfsync.DEVICE_HOST:
+                self.mask_id = ctx.add_gradient(len(params), sf_dtype(mdtype), ops.sf_device,
+                                                "sfsync.used")
             else:
                 self.mask = torch.zeros(len(params), dtype=mdtype, device=p0.device)
-                self.mask_id = ctx.register_gradient(self.mask.data_ptr(), self.mask.numel(),
-                                                     sf_dtype(mdtype), sf_device(p0.device),
+                self.mask_id = ctx.register_gradient(ops.pointer(self.mask), self.mask.numel(),
+                                                     sf_dtype(mdtype), ops.sf_device,
                                                      "sfsync.used")
         for p, name in zip(params, self.names):
-            dtype, device = sf_dtype(p.dtype), sf_device(p.device)
+            dtype, device = sf_dtype(self.grad_dtype(len(self.ids))), ops.sf_device
             if self.flat_buffer:
-                if device != sfsync.DEVICE_HOST:
-                    raise TypeError("GradientSync(flat_buffer=True) needs CPU parameters; %s is on "
-                                    "%s (use flat_buffer=False)" % (name, p.device))
                 self.ids.append(ctx.add_gradient(p.numel(), dtype, device, name))
                 if self.sharded:  # its parameter: a view of the flat parameter buffer
                     shard.register_parameter(ctx, self.ids[-1], p.numel(), dtype, device)
@@ -168,31 +175,100 @@ class GradientStore:
                         grad.copy_(p.grad)
                     p.grad = grad
                 self.views.append(grad)
-                self.ids.append(ctx.register_gradient(grad.data_ptr(), p.numel(), dtype, device,
-                                                      name))
-        cuda = [p for p in params if p.is_cuda]
-        if cuda:  # NCCL orders its work after what torch queued on this stream
-            ctx.set_cuda_stream(torch.cuda.current_stream(cuda[0].device))
+                self.ids.append(ctx.register_gradient(ops.pointer(grad), p.numel(), dtype,
+                                                      device, name))
+        if ops.sf_device == sfsync.DEVICE_CUDA:
+            # NCCL orders its work after what torch queued on this stream
+            # (the current one at attach), and makes it wait for the results.
+            self.sync_stream = ops.current_stream()
+            ctx.set_cuda_stream(ops.stream_handle(self.sync_stream))
         ctx.build_buckets()
         if self.track_unused and self.mask is None:
-            self.mask = _gradient_view(ctx, self.mask_id, params[0].dtype, (len(params),))
+            self.mask = ops.wrap(ctx.gradient_data(self.mask_id), len(params), self.grad_dtype(0),
+                                 (len(params),), owner=ctx)
         if self.flat_buffer:
-            for gid, p in zip(self.ids, params):
-                view = _gradient_view(ctx, gid, p.dtype, p.shape)
+            for i, (gid, p) in enumerate(zip(self.ids, params)):
+                view = ops.wrap(ctx.gradient_data(gid), p.numel(), self.grad_dtype(i), p.shape,
+                                owner=ctx)
                 if p.grad is not None:  # keep what was already accumulated
                     view.copy_(p.grad)
-                p.grad = view
+                if self.acc[i]:
+                    p.grad = None  # autograd's fresh micro-batch gradient, added in (take_micro)
+                else:
+                    p.grad = view
                 self.views.append(view)
                 if self.sharded:
-                    data = _parameter_view(ctx, gid, p.dtype, p.shape)
+                    data = ops.wrap(shard.parameter_data(ctx, gid), p.numel(), p.dtype, p.shape,
+                                    owner=ctx)
                     data.copy_(p.data)
                     p.data = data
         self.pointers = [v.data_ptr() for v in self.views]
 
+    # -- the device orderings (no-ops on the host; see sfsync/torch/device.py)
+
+    def grad_ready(self, tensor, gid):
+        """sf_grad_ready(gid) once ``tensor`` (a gradient, the mask) is final
+        on the stream autograd used: the sync stream waits for it first."""
+        event = self.ops.grad_ready(tensor, self.sync_stream)
+        self.context.grad_ready(gid)
+        self.ops.release(event)  # (the wait is queued: CUDA allows it)
+
+    def before_plugin(self):
+        """Before a call whose plugin work reads or writes what torch made on
+        the current stream (sf_synchronize, sf_start_gather after a step,
+        sf_zero_gradients after the step read the gradients): the sync stream
+        waits for the current one on the device."""
+        self.ops.release(self.ops.order(self.ops.current_stream(), self.sync_stream))
+
+    def after_plugin(self):
+        """After a call that made the sync stream wait for the plugin's work
+        (sf_synchronize, sf_wait_bucket, sf_gather_gradients,
+        sf_zero_gradients): the current stream (the optimizer's, the next
+        backward's) waits for it on the device; then torch's work may run."""
+        self.ops.release(self.ops.after_reduction(self.sync_stream))
+        self.ops.compute_point()
+
+    def after_gather(self):
+        """In a forward pre-hook, after sf_wait_gather: the forward's stream
+        waits on the device for the gathered parameters."""
+        self.ops.release(self.ops.before_forward(self.sync_stream))
+        self.ops.compute_point()
+
+    def grad_dtype(self, i):
+        """The dtype parameter i's gradient is registered (and reduced) in."""
+        return self.accumulate_dtype if self.acc[i] else self.params[i].dtype
+
     def grad_is_view(self, i):
-        """Parameter i's ``.grad`` is its registered view."""
+        """Parameter i's ``.grad`` is its registered view (an accumulated
+        parameter's ``.grad`` never is: True for it)."""
+        if self.acc[i]:
+            return True
         g = self.params[i].grad
         return g is not None and g.data_ptr() == self.views[i].data_ptr()
+
+    def take_micro(self, i):
+        """At parameter i's grad-ready: an accumulated parameter's ``.grad``
+        (this micro-batch's, in its own dtype) is added into its accumulator
+        (in accumulate_dtype: exact widening, one rounding per addition, as
+        a float32 reference loop's ``acc += g.float()``) and dropped, so
+        that autograd makes a fresh one for the next micro-batch. Returns
+        the tensor that is final now (what the sync stream must wait for)."""
+        p, view = self.params[i], self.views[i]
+        if not self.acc[i]:
+            return p.grad
+        if p.grad is not None:
+            view.add_(p.grad)
+            p.grad = None
+        return view
+
+    def publish(self):
+        """After a synchronization: each accumulated parameter's ``.grad`` is
+        its reduced accumulator in the parameter's dtype (torch's optimizers
+        need that dtype); the accumulator itself keeps the full precision
+        (``GradientSync.accumulated_grads()``)."""
+        for i, p in enumerate(self.params):
+            if self.acc[i]:
+                p.grad = self.views[i].to(p.dtype)
 
     def adopt_grad(self, i):
         """Parameter i's ``.grad`` is not its view: copy it in (a fresh
@@ -208,9 +284,18 @@ class GradientStore:
             p.grad = view
 
     def attach_grads(self):
-        """Every ``.grad`` is its view again (see adopt_grad)."""
-        for i in range(len(self.params)):
-            self.adopt_grad(i)
+        """Every ``.grad`` is its view again (see adopt_grad); an accumulated
+        parameter's ``.grad`` is None (the window's first micro-batch gets a
+        fresh one) and its accumulator starts from zero after
+        ``zero_grad(set_to_none=True)``."""
+        for i, p in enumerate(self.params):
+            if not self.acc[i]:
+                self.adopt_grad(i)
+                continue
+            p.grad = None
+            if self._acc_stale:
+                self.views[i].zero_()
+        self._acc_stale = False
 
     def zero_grad(self, set_to_none):
         """Zero every gradient in place (sf_zero_gradients), re-attaching a
@@ -218,10 +303,15 @@ class GradientStore:
         if set_to_none:
             for p in self.params:
                 p.grad = None
+            self._acc_stale = any(self.acc)
             return
-        self.context.zero_gradients()
+        self.before_plugin()  # (the step read them on the current stream)
+        self.context.zero_gradients()  # (on the sync stream)
+        self.after_plugin()
         for i, p in enumerate(self.params):
-            if not self.grad_is_view(i):
+            if self.acc[i]:
+                p.grad = None
+            elif not self.grad_is_view(i):
                 p.grad = self.views[i]
 
     def take_unused(self):
@@ -243,6 +333,8 @@ class GradientStore:
                 p.data = p.data.clone()
         if self.flat_buffer:
             for i, p in enumerate(self.params):
+                if self.acc[i]:
+                    continue  # (its .grad is already its own: publish's copy, or None)
                 if self.grad_is_view(i):
                     # (a parameter resized after attach cannot take it: None)
                     p.grad = self.views[i].clone() if p.grad.shape == p.shape else None
