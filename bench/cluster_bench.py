@@ -141,6 +141,29 @@ def plot(records, variants, path):
     plot_ms(records, variants, path, style, "%d hosts, %d micro-batches per window")
 
 
+def series(recs, variant, order):
+    """(x indices, ms/window medians) of one variant over the link rates in
+    ``order``; recs maps a rate to its record."""
+    xs, ys = [], []
+    for i, rate in enumerate(order):
+        for res in recs.get(rate, {}).get("results", []):
+            if res["variant"] == variant:
+                xs.append(i)
+                ys.append(res["ms_per_window_median"])
+    return xs, ys
+
+
+def cluster_ready(rates):
+    """0 when the rates need no simulated host or scripts/cluster.sh can make
+    them; else cluster.sh check's status (its reason on stderr)."""
+    if all(r == "loopback" for r in rates):
+        return 0
+    chk = subprocess.run(["bash", CLUSTER, "check"], capture_output=True, text=True)
+    if chk.returncode != 0:
+        print(chk.stderr.strip(), file=sys.stderr)
+    return chk.returncode
+
+
 def plot_ms(records, variants, path, style, title):
     """ms/window per variant vs link rate, one panel per host count; style maps a
     variant to (colour, marker, line style); title is formatted with (hosts,
@@ -154,12 +177,7 @@ def plot_ms(records, variants, path, style, title):
     for ax, n in zip(axes[0], hosts):
         recs = {r["rate"]: r for r in records if r["hosts"] == n}
         for v in variants:
-            xs, ys = [], []
-            for i, rate in enumerate(order):
-                for res in recs.get(rate, {}).get("results", []):
-                    if res["variant"] == v:
-                        xs.append(i)
-                        ys.append(res["ms_per_window_median"])
+            xs, ys = series(recs, v, order)
             c, m, ls = style.get(v, ("k", ".", "-"))
             ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
         ax.set_xticks(range(len(order)))

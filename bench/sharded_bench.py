@@ -39,12 +39,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_bench import (CLUSTER, PY, ROOT, bench_parser, plot_ms, run_ranks,  # noqa: E402
+from cluster_bench import (PY, ROOT, bench_parser, cluster_ready, plot_ms, run_ranks,  # noqa: E402
                            write_results)
 
 VARIANTS = ["ddp_adamw", "zero_ddp", "sfsync_sharded", "sfsync_perbucket", "sfsync_adamw"]
@@ -267,11 +266,9 @@ def main(argv=None):
     if a.worker:
         return worker(a)
     load0 = os.getloadavg()
-    if any(r != "loopback" for r in a.rates):
-        chk = subprocess.run(["bash", CLUSTER, "check"], capture_output=True, text=True)
-        if chk.returncode != 0:
-            print(chk.stderr.strip(), file=sys.stderr)
-            return chk.returncode
+    rc = cluster_ready(a.rates)
+    if rc:
+        return rc
     os.makedirs(a.out, exist_ok=True)
     records, started = [], time.time()
     for n in a.hosts:

@@ -77,12 +77,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_bench import CLUSTER, RATES, ROOT, run_ranks, write_results  # noqa: E402
+from cluster_bench import (RATES, ROOT, cluster_ready, run_ranks, series,  # noqa: E402
+                           write_results)
 
 TORCH2 = "/root/.cache/sfsync/venv-torch2/bin/python"
 VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused", "fsdp2_reshard",
@@ -709,12 +709,7 @@ def plot(records, variants, path):
     for ax, (model, n) in zip(axes[0], keys):
         recs = {r["rate"]: r for r in records if r["hosts"] == n and r["model"] == model}
         for v in variants:
-            xs, ys = [], []
-            for i, rate in enumerate(order):
-                for res in recs.get(rate, {}).get("results", []):
-                    if res["variant"] == v:
-                        xs.append(i)
-                        ys.append(res["ms_per_window_median"])
+            xs, ys = series(recs, v, order)
             if xs:
                 c, m, ls = style.get(v, ("k", ".", "-"))
                 ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
@@ -809,11 +804,9 @@ def main(argv=None):
     if a.merge:
         return merge(a)
     load0 = os.getloadavg()
-    if any(r != "loopback" for r in a.rates):
-        chk = subprocess.run(["bash", CLUSTER, "check"], capture_output=True, text=True)
-        if chk.returncode != 0:
-            print(chk.stderr.strip(), file=sys.stderr)
-            return chk.returncode
+    rc = cluster_ready(a.rates)
+    if rc:
+        return rc
     os.makedirs(a.out, exist_ok=True)
     records, fails, started = [], [], time.time()
     for n in a.hosts:

@@ -270,7 +270,7 @@ class StandinContractTests(unittest.TestCase):
         before close() is a use after free on CUDA, a misuse here. So
         sfsync.torch keeps the stream it passed alive until close() (torch's
         current stream of a device is; a user's torch.cuda.Stream may not be)."""
-        ops = _device.StandinCudaOps(os.path.join(STANDIN, "libcudart.so.13"))
+        ops = device_standin.StandinCudaOps(os.path.join(STANDIN, "libcudart.so.13"))
         ops.take_misuse()
         s = ops.new_stream()
         ctx = sfsync.Context(rank=0, world_size=1, rendezvous="", backend="nccl")

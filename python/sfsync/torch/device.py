@@ -102,8 +102,13 @@ class DeviceOps:
     sf_device = None  # sfsync.DEVICE_HOST or sfsync.DEVICE_CUDA
 
     def pointer(self, tensor):
-        """The address to register for ``tensor`` (contiguous, on this device)."""
-        raise NotImplementedError
+        """The address to register for ``tensor`` (contiguous, on this device:
+        each implementation's ``_check_tensor`` says what that means)."""
+        self._check_tensor(tensor, "pointer")
+        if not tensor.is_contiguous():
+            raise ValueError("pointer: the tensor must be contiguous (shape %s, strides %s)"
+                             % (tuple(tensor.shape), tensor.stride()))
+        return tensor.data_ptr()
 
     def wrap(self, address, numel, dtype, shape=None, owner=None):
         """A tensor on this device over plugin-owned memory at ``address``."""
@@ -177,13 +182,6 @@ class CpuOps(DeviceOps):
     name = "cpu"
     sf_device = sfsync.DEVICE_HOST
 
-    def pointer(self, tensor):
-        self._check_tensor(tensor, "pointer")
-        if not tensor.is_contiguous():
-            raise ValueError("pointer: the tensor must be contiguous (shape %s, strides %s)"
-                             % (tuple(tensor.shape), tensor.stride()))
-        return tensor.data_ptr()
-
     def wrap(self, address, numel, dtype, shape=None, owner=None):
         dtype_check(dtype, "wrap")
         if not address:
@@ -223,13 +221,6 @@ class CudaOps(DeviceOps):
                                "(no GPU, or a CPU-only torch %s)" % (device, torch.__version__))
         self.device = torch.device("cuda", device.index if device.index is not None
                                    else torch.cuda.current_device())  # GPU only
-
-    def pointer(self, tensor):
-        self._check_tensor(tensor, "pointer")  # GPU only
-        if not tensor.is_contiguous():  # GPU only
-            raise ValueError("pointer: the tensor must be contiguous (shape %s, strides %s)"
-                             % (tuple(tensor.shape), tensor.stride()))
-        return tensor.data_ptr()  # GPU only
 
     def wrap(self, address, numel, dtype, shape=None, owner=None):
         dtype_check(dtype, "wrap")

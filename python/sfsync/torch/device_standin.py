@@ -246,13 +246,6 @@ class StandinCudaOps(DeviceOps):
         """cudaFree(address) (the allocation's last tensor went)."""
         self._lib.cudaFree(address)
 
-    def pointer(self, tensor):
-        self._check_tensor(tensor, "pointer")
-        if not tensor.is_contiguous():
-            raise ValueError("pointer: the tensor must be contiguous (shape %s, strides %s)"
-                             % (tuple(tensor.shape), tensor.stride()))
-        return tensor.data_ptr()
-
     def wrap(self, address, numel, dtype, shape=None, owner=None):
         dtype_check(dtype, "wrap")
         t = host_tensor(address, numel, dtype, shape_of(numel, shape, "wrap"), owner)
