@@ -60,13 +60,16 @@ cudaError_t ret(cudaError_t e) {
 std::mutex gMisuseMutex;
 int64_t gMisuse = 0;       // all, for sfStandinCudaCounter("misuse")
 int64_t gMisuseTaken = 0;  // those a test took with sfStandinCudaTakeMisuse
-std::string* gLastMisuse = new std::string;  // leaked: read at exit
+// A fixed buffer, not a heap string: it is read at exit, after static
+// destructors may have run, and a leaked allocation would be reported by
+// LeakSanitizer when a test dlclose()s this library.
+char gLastMisuse[512] = "";
 
 cudaError_t misuse(const std::string& what) {
   {
     std::lock_guard<std::mutex> lock(gMisuseMutex);
     ++gMisuse;
-    *gLastMisuse = what;
+    std::snprintf(gLastMisuse, sizeof gLastMisuse, "%s", what.c_str());
   }
   std::fprintf(stderr, "CUDA stand-in: MISUSE: %s\n", what.c_str());
   return ret(cudaErrorInvalidResourceHandle);
@@ -81,7 +84,7 @@ __attribute__((destructor)) void checkMisuseAtExit() {
   std::fprintf(stderr,
                "CUDA stand-in: %lld stream/event misuse(s) no test took (last: %s); "
                "exiting with status 86\n",
-               static_cast<long long>(unseen), gLastMisuse->c_str());
+               static_cast<long long>(unseen), gLastMisuse);
   std::fflush(stderr);
   _exit(86);
 }
@@ -605,6 +608,6 @@ SF_STANDIN_EXPORT int64_t sfStandinCudaTakeMisuse(char* last, size_t cap) {
   std::lock_guard<std::mutex> lock(gMisuseMutex);
   const int64_t n = gMisuse - gMisuseTaken;
   gMisuseTaken = gMisuse;
-  if (last && cap) std::snprintf(last, cap, "%s", n ? gLastMisuse->c_str() : "");
+  if (last && cap) std::snprintf(last, cap, "%s", n ? gLastMisuse : "");
   return n;
 }
