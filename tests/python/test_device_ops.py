@@ -20,23 +20,15 @@ import threading
 import unittest
 import uuid
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
-    sys.path.insert(0, os.path.join(ROOT, "python"))
-
-STANDIN = os.environ.get("SF_STANDIN_LIB_DIR")
-if STANDIN:  # before anything loads the plugin's NCCL module
-    os.environ.setdefault("SF_CUDART_LIBRARY", os.path.join(STANDIN, "libcudart.so.13"))
-    os.environ.setdefault("SF_NCCL_LIBRARY", os.path.join(STANDIN, "libnccl.so.2"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from standin_env import STANDIN, needs_standin, require  # noqa: E402  (before sfsync)
 
 import torch  # noqa: E402
 
 import sfsync  # noqa: E402
 from sfsync.torch import device, device_standin  # noqa: E402
 
-if not STANDIN and os.environ.get("CI") == "true":
-    raise SystemExit("test_device_ops: SF_STANDIN_LIB_DIR is not set (CI=true: not a skip)")
-needs_standin = unittest.skipUnless(STANDIN, "SF_STANDIN_LIB_DIR not set: no CUDA stand-in")
+require("test_device_ops")
 
 
 class CpuOpsTests(unittest.TestCase):
