@@ -164,6 +164,23 @@ def cluster_ready(rates):
     return chk.returncode
 
 
+def draw_panel(ax, recs, variants, order, style, title):
+    """One panel: ms/window of each variant (that has points) over the link
+    rates in ``order``, log scale; style maps a variant to (colour, marker,
+    line style)."""
+    for v in variants:
+        xs, ys = series(recs, v, order)
+        if xs:
+            c, m, ls = style.get(v, ("k", ".", "-"))
+            ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
+    ax.set_xticks(range(len(order)))
+    ax.set_xticklabels(order)
+    ax.set_yscale("log")
+    ax.set_xlabel("link rate per host")
+    ax.set_ylabel("ms per window (median, slowest rank)")
+    ax.set_title(title)
+
+
 def plot_ms(records, variants, path, style, title):
     """ms/window per variant vs link rate, one panel per host count; style maps a
     variant to (colour, marker, line style); title is formatted with (hosts,
@@ -176,16 +193,7 @@ def plot_ms(records, variants, path, style, title):
     order = [x for x in RATES[::-1] + ["loopback"] if any(r["rate"] == x for r in records)]
     for ax, n in zip(axes[0], hosts):
         recs = {r["rate"]: r for r in records if r["hosts"] == n}
-        for v in variants:
-            xs, ys = series(recs, v, order)
-            c, m, ls = style.get(v, ("k", ".", "-"))
-            ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
-        ax.set_xticks(range(len(order)))
-        ax.set_xticklabels(order)
-        ax.set_yscale("log")
-        ax.set_xlabel("link rate per host")
-        ax.set_ylabel("ms per window (median, slowest rank)")
-        ax.set_title(title % (n, records[0]["micro_batches"]))
+        draw_panel(ax, recs, variants, order, style, title % (n, records[0]["micro_batches"]))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.tight_layout()

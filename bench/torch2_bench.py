@@ -81,7 +81,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_bench import (RATES, ROOT, cluster_ready, run_ranks, series,  # noqa: E402
+from cluster_bench import (RATES, ROOT, cluster_ready, draw_panel, run_ranks,  # noqa: E402
                            write_results)
 
 TORCH2 = "/root/.cache/sfsync/venv-torch2/bin/python"
@@ -708,18 +708,8 @@ def plot(records, variants, path):
              "sfsync_final": ("C2", "^", ":"), "sfsync_perbucket": ("C0", "s", "--")}
     for ax, (model, n) in zip(axes[0], keys):
         recs = {r["rate"]: r for r in records if r["hosts"] == n and r["model"] == model}
-        for v in variants:
-            xs, ys = series(recs, v, order)
-            if xs:
-                c, m, ls = style.get(v, ("k", ".", "-"))
-                ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
-        ax.set_xticks(range(len(order)))
-        ax.set_xticklabels(order)
-        ax.set_yscale("log")
-        ax.set_xlabel("link rate per host")
-        ax.set_ylabel("ms per window (median, slowest rank)")
-        ax.set_title("%s, %d hosts, AdamW, %d micro-batches" % (model, n,
-                                                              records[0]["micro_batches"]))
+        draw_panel(ax, recs, variants, order, style, "%s, %d hosts, AdamW, %d micro-batches"
+                   % (model, n, records[0]["micro_batches"]))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     fig.tight_layout()
