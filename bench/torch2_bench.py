@@ -27,7 +27,9 @@ every variant on the same model copy, data, micro-batches and optimizer
   zero_ddp           DDP (no_sync() as above) + ZeroRedundancyOptimizer(AdamW)
   sfsync_sharded     GradientSync(shard_optimizer=True, flat) + sync.optimizer(AdamW,
                      overlap_step=True): reduce-scatter, per-bucket step, gather
-                     overlapping the next forward
+                     overlapping the next forward (sfsync's sharded default
+                     buckets: about 1/8 of the gradients each; DDP keeps 25
+                     MiB unless --bucket-cap-mb sets both)
   sfsync_final       GradientSync + sync.optimizer(AdamW): every .grad final when
                      the last backward returns, then one step
   sfsync_perbucket   GradientSync + sync.optimizer(AdamW, overlap_step=True)
@@ -49,7 +51,13 @@ counters show; sfsync's Gloo reduce-scatter is a ring: (W-1)/W), counted from
 sfsync's stats (bytes_reduced, bytes_gathered), DDP's buckets (its logging
 data), and the torch.distributed calls FSDP2 and ZeRO issue (counted by
 wrapping them); wire ms = those bytes at the link rate (none on loopback);
-exposed = window - compute-only, also as a fraction of the wire time. On
+exposed = window - compute-only, also as a fraction of the wire time;
+bound = the least exposed time of any schedule that communicates once per
+window: the wire time less one micro-batch's forward+backward and the step
+of the compute-only run (the last backward can hide the reductions, the next
+forward the gathers, and nothing else can: the gradients are final only at
+the last backward, and every forward needs the new parameters), also as
+window bound = compute-only + bound, over DDP's window. On
 the cluster each rank also reads its NIC's counters around every timed
 window (nic_mb: the busier direction, headers included). Memory: for every
 variant alone, before the timed rounds, glibc's bytes in use (mallinfo2:
@@ -102,7 +110,10 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=5, help="rounds of blocks")
     p.add_argument("--block", type=int, default=3, help="windows per block (the first untimed)")
     p.add_argument("--micro-batches", type=int, default=4)
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="sfsync and DDP")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="sfsync's and DDP's bucket cap (default: each its own: DDP 25 MiB, "
+                        "sfsync 25 MiB unsharded and GradientSync's sharded rule, "
+                        "sharded_bucket_cap_mb)")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="max abs weight difference from ddp_foreach")
     p.add_argument("--fault", default=None, help="this variant gets 1.5x the learning rate")
@@ -326,7 +337,7 @@ class Runner:
             self.opt = torch.optim.AdamW(self.model.parameters(), **kw)
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            self.ddp = DDP(self.model, bucket_cap_mb=a.bucket_cap_mb)
+            self.ddp = DDP(self.model, bucket_cap_mb=a.bucket_cap_mb or 25.0)
             self.module = self.ddp
             if variant == "zero_ddp":
                 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -575,7 +586,7 @@ def run_model(a, rank, world):
             "tensors": len(list(base.parameters())),
             "gradient_bytes": common.gradient_bytes(base), "rounds": a.rounds,
             "block": a.block, "torch": torch.__version__, "sfsync": sfsync.version(),
-            "collective_calls": counter.calls, "tolerance": a.tolerance,
+            "collective_calls": counter.calls, "tolerance": a.tolerance, "bucket_cap_mb": a.bucket_cap_mb,
             "results": results, "load_worker_end": os.getloadavg()}
 
 
@@ -588,6 +599,10 @@ def rate_bytes_per_s(rate):
         if r.endswith(suffix):
             return float(r[:-len(suffix)]) * mul / 8
     return None
+
+
+def res_of(rec, variant):
+    return next((r for r in rec["results"] if r["variant"] == variant), None)
 
 
 def derive(rec):
@@ -606,6 +621,18 @@ def derive(rec):
         r["exposed_over_wire"] = (round(r["exposed_ms"] / r["wire_ms"], 3)
                                   if r["wire_ms"] and r["exposed_ms"] is not None else None)
         r["vs_ddp"] = round(r["ms_per_window_median"] / ms["ddp_foreach"], 3)
+        # The least any schedule that communicates once per window can
+        # expose: its wire time less what it can overlap, which is one
+        # micro-batch's forward+backward (the last backward's reduction, the
+        # next forward's gather) and the step (of the compute-only run).
+        c = res_of(rec, comp)
+        r["exposed_bound_ms"] = r["exposed_bound_over_wire"] = r["window_bound_ms"] = None
+        if c is not None and r["wire_ms"] is not None and c.get("fwd_bwd_ms_median_max_rank"):
+            hide = c["fwd_bwd_ms_median_max_rank"] / rec["micro_batches"] + \
+                c["step_ms_median_max_rank"]
+            r["exposed_bound_ms"] = round(max(0.0, r["wire_ms"] - hide), 3)
+            r["exposed_bound_over_wire"] = round(r["exposed_bound_ms"] / r["wire_ms"], 3)
+            r["window_bound_ms"] = round(ms[comp] + r["exposed_bound_ms"], 3)
     fsdp = [ms[v] for v in ("fsdp2_reshard", "fsdp2_keep") if v in ms]
     rat = {}
     if "sfsync_sharded" in ms:
@@ -620,11 +647,16 @@ def derive(rec):
     if "ddp_fused" in ms:
         rat["best_ddp_vs_ddp_foreach"] = min(ms["ddp_fused"], ms["ddp_foreach"]) / ms["ddp_foreach"]
     res = {r["variant"]: r for r in rec["results"]}
-    if "sfsync_sharded" in res and res["sfsync_sharded"]["exposed_over_wire"] is not None:
-        rat["sharded_exposed_over_wire"] = res["sfsync_sharded"]["exposed_over_wire"]
-    memf = [res[v]["memory_bytes_max_rank"] for v in ("fsdp2_reshard", "fsdp2_keep") if v in res]
-    if "sfsync_sharded" in res and memf:
-        rat["sharded_memory_vs_best_fsdp2"] = res["sfsync_sharded"]["memory_bytes_max_rank"] / min(memf)
+    sh = res.get("sfsync_sharded")
+    if sh is not None and sh["exposed_over_wire"] is not None:
+        rat["sharded_exposed_over_wire"] = sh["exposed_over_wire"]
+    if sh is not None and sh.get("exposed_bound_over_wire") is not None:
+        rat["sharded_exposed_bound_over_wire"] = sh["exposed_bound_over_wire"]
+        rat["sharded_bound_vs_ddp"] = sh["window_bound_ms"] / ms["ddp_foreach"]
+    for v in ("fsdp2_reshard", "fsdp2_keep"):
+        if sh is not None and v in res:
+            rat["sharded_memory_vs_" + v] = sh["memory_bytes_max_rank"] / \
+                res[v]["memory_bytes_max_rank"]
     rec["ratios"] = {k: round(x, 3) for k, x in rat.items()}
     fails = []
     for r in rec["results"]:
@@ -642,14 +674,18 @@ COLUMNS = [("ms_per_window_median", "ms/window", "%.0f"), ("vs_ddp", "x DDP", "%
            ("compute_only_ms", "compute-only ms", "%.0f"),
            ("wire_bytes_per_rank_window", "wire MB/rank", "%.2f"), ("wire_ms", "wire ms", "%.0f"),
            ("exposed_ms", "exposed ms", "%.0f"), ("exposed_over_wire", "exposed/wire", "%.2f"),
+           ("exposed_bound_over_wire", "bound exposed/wire", "%.2f"),
            ("memory_bytes_max_rank", "memory MB/rank", "%.1f"),
            ("weights_max_abs_diff_vs_ddp", "max abs diff vs DDP", "%.1e")]
 RATIO_COLS = [("sharded_vs_best_fsdp2", "sharded/best FSDP2 (<=0.85)"),
               ("sharded_vs_ddp", "sharded/DDP (<=0.80)"),
               ("perbucket_vs_ddp", "per-bucket/DDP (<=1.00)"), ("final_vs_ddp", "final-grad/DDP"),
               ("sharded_vs_zero", "sharded/ZeRO"),
+              ("sharded_bound_vs_ddp", "bound sharded/DDP"),
               ("sharded_exposed_over_wire", "sharded exposed/wire (<=0.5)"),
-              ("sharded_memory_vs_best_fsdp2", "sharded mem/FSDP2 (<=1)")]
+              ("sharded_exposed_bound_over_wire", "bound exposed/wire"),
+              ("sharded_memory_vs_fsdp2_keep", "sharded mem/FSDP2 keep (<=1)"),
+              ("sharded_memory_vs_fsdp2_reshard", "sharded mem/FSDP2 reshard")]
 
 
 def cell(key, fmt, r):
@@ -732,9 +768,9 @@ def smoke_check(records, variants):
             empty_ok = set()
             if v in COMPUTE:
                 empty_ok |= {"wire_ms", "exposed_ms", "exposed_over_wire",
-                             "weights_max_abs_diff_vs_ddp"}
-            if rec["rate"] == "loopback":
-                empty_ok |= {"wire_ms", "exposed_over_wire"}  # no link rate to divide by
+                             "exposed_bound_over_wire", "weights_max_abs_diff_vs_ddp"}
+            if rec["rate"] == "loopback":  # no link rate to divide by
+                empty_ok |= {"wire_ms", "exposed_over_wire", "exposed_bound_over_wire"}
             for k, _, _ in COLUMNS:
                 if k not in r:
                     errs.append("%s %s: column %s missing" % (rec["model"], v, k))
@@ -803,9 +839,10 @@ def main(argv=None):
         for rate in a.rates:
             argv = [a.python, os.path.abspath(__file__), "--worker", "--rate", rate,
                     "--rounds", str(a.rounds), "--block", str(a.block),
-                    "--micro-batches", str(a.micro_batches), "--bucket-cap-mb",
-                    str(a.bucket_cap_mb), "--tolerance", str(a.tolerance),
+                    "--micro-batches", str(a.micro_batches), "--tolerance", str(a.tolerance),
                     "--models"] + a.models + ["--variants"] + a.variants
+            if a.bucket_cap_mb is not None:
+                argv += ["--bucket-cap-mb", str(a.bucket_cap_mb)]
             if a.small:
                 argv.append("--small")
             if a.fault:

@@ -71,6 +71,13 @@ class GlooBackend : public Backend {
   void allreduceSumFloat64(double* data, int64_t n) override;
   // Bytes this rank sent in reduce-scatters and all-gathers (payload).
   int64_t ringBytesSent() const { return ringBytesSent_.load(); }
+  // The reduce-scatters' receive scratch held by all lanes (bytes; each
+  // lane's is two chunks, gloo_ring.h). Call with no reduce-scatter in flight.
+  size_t ringScratchBytes() const {
+    size_t n = 0;
+    for (const auto& s : ringScratch_) n += s.size();
+    return n;
+  }
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
   void barrierQuietly() noexcept override;
   void broadcast(void* data, size_t bytes, int root) override;

@@ -66,6 +66,39 @@ RingPiece slicePiece(char* base, int64_t segmentElems, sf_dtype dtype, int world
   return piece;
 }
 
+int64_t ringChunkBytes(int64_t largestSegmentBytes, size_t elemBytes) {
+  const int64_t most = largestSegmentBytes;
+  int64_t c = std::max<int64_t>(kRingChunkBytes, (most + kRingMaxChunks - 1) / kRingMaxChunks);
+  const int64_t e = int64_t(elemBytes);
+  c = (c + e - 1) / e * e;  // whole elements
+  return std::max<int64_t>(e, std::min(c, most));
+}
+
+namespace {
+
+// A segment's spans cut into chunks of at most `chunk` bytes, in order:
+// every rank cuts a segment's spans alike, so that chunk k of a send and of
+// the matching receive have the same size (Gloo matches them by slot).
+std::vector<RingSpan> chunksOf(const std::vector<RingSpan>& spans, int64_t chunk) {
+  std::vector<RingSpan> out;
+  for (const RingSpan& s : spans) {
+    for (int64_t at = 0; at < s.bytes; at += chunk) {
+      out.push_back({s.offsetBytes + at, std::min(chunk, s.bytes - at)});
+    }
+  }
+  return out;
+}
+
+// The slot of chunk k of step s: at most 2 spans of at most kRingMaxChunks
+// chunks each (a span is at most the largest segment) per step.
+uint64_t chunkSlot(uint32_t tag, int step, size_t k) {
+  constexpr uint64_t perStep = 2 * uint64_t(kRingMaxChunks) + 2;
+  return (kReduceScatterPrefix << 56) | (uint64_t(tag) << 24) |
+         ((uint64_t(step) * perStep + k) & 0xffffff);
+}
+
+}  // namespace
+
 int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32_t tag,
                           std::chrono::milliseconds timeout, std::vector<char>& scratch) {
   const int w = context.size, r = context.rank;
@@ -73,33 +106,39 @@ int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32
   const int64_t most = largestSegment(piece);
   if (most == 0) return 0;
   const int right = (r + 1) % w, left = (r - 1 + w) % w;
-  if (scratch.size() < size_t(most)) scratch.resize(size_t(most));
-  auto data = context.createUnboundBuffer(piece.base, size_t(piece.strideBytes) * size_t(w));
-  auto incoming = context.createUnboundBuffer(scratch.data(), size_t(most));
   const size_t esize = dtypeSize(piece.dtype);
+  // The neighbour's partial sums arrive chunk by chunk into two halves of
+  // the scratch in turn, each added while the next one arrives: the scratch
+  // stays at two chunks (1 MiB for segments up to 32 MiB), not the largest
+  // segment (it stays allocated per lane: 0.3 held a whole shard per lane).
+  const int64_t chunk = ringChunkBytes(most, esize);
+  if (scratch.size() < size_t(2 * chunk)) scratch.resize(size_t(2 * chunk));
+  auto data = context.createUnboundBuffer(piece.base, size_t(piece.strideBytes) * size_t(w));
+  std::unique_ptr<gloo::transport::UnboundBuffer> halves[2] = {
+      context.createUnboundBuffer(scratch.data(), size_t(chunk)),
+      context.createUnboundBuffer(scratch.data() + chunk, size_t(chunk))};
   int64_t sent = 0;
   for (int s = 0; s < w - 1; ++s) {
     const int sendChunk = mod(r - s - 1, w), recvChunk = mod(r - s - 2, w);
-    const auto& in = piece.spans[size_t(recvChunk)];
-    const auto& out = piece.spans[size_t(sendChunk)];
-    int64_t at = 0;
-    for (size_t i = 0; i < in.size(); ++i) {
-      incoming->recv(left, slotOf(kReduceScatterPrefix, tag, s, i), size_t(at), size_t(in[i].bytes));
-      at += in[i].bytes;
+    const std::vector<RingSpan> in = chunksOf(piece.spans[size_t(recvChunk)], chunk);
+    const std::vector<RingSpan> out = chunksOf(piece.spans[size_t(sendChunk)], chunk);
+    for (size_t k = 0; k < in.size() && k < 2; ++k) {
+      halves[k]->recv(left, chunkSlot(tag, s, k), 0, size_t(in[k].bytes));
     }
-    for (size_t i = 0; i < out.size(); ++i) {
-      data->send(right, slotOf(kReduceScatterPrefix, tag, s, i),
-                 size_t(sendChunk * piece.strideBytes + out[i].offsetBytes), size_t(out[i].bytes));
-      sent += out[i].bytes;
+    for (size_t k = 0; k < out.size(); ++k) {
+      data->send(right, chunkSlot(tag, s, k),
+                 size_t(sendChunk * piece.strideBytes + out[k].offsetBytes), size_t(out[k].bytes));
+      sent += out[k].bytes;
     }
-    for (size_t i = 0; i < in.size(); ++i) waitOrFail(incoming->waitRecv(timeout), "reduce-scatter (recv)");
-    at = 0;
-    for (const RingSpan& span : in) {
-      char* own = piece.base + recvChunk * piece.strideBytes + span.offsetBytes;
-      addInto(own, own, scratch.data() + at, size_t(span.bytes) / esize, piece.dtype);  // 16-bit: in float32
-      at += span.bytes;
+    for (size_t k = 0; k < in.size(); ++k) {
+      auto& half = halves[k % 2];
+      waitOrFail(half->waitRecv(timeout), "reduce-scatter (recv)");
+      char* own = piece.base + recvChunk * piece.strideBytes + in[k].offsetBytes;
+      addInto(own, own, scratch.data() + (k % 2) * chunk, size_t(in[k].bytes) / esize,
+              piece.dtype);  // 16-bit: in float32
+      if (k + 2 < in.size()) half->recv(left, chunkSlot(tag, s, k + 2), 0, size_t(in[k + 2].bytes));
     }
-    for (size_t i = 0; i < out.size(); ++i) waitOrFail(data->waitSend(timeout), "reduce-scatter (send)");
+    for (size_t k = 0; k < out.size(); ++k) waitOrFail(data->waitSend(timeout), "reduce-scatter (send)");
   }
   return sent;
 }

@@ -42,8 +42,16 @@ struct RingPiece {
 RingPiece slicePiece(char* base, int64_t segmentElems, sf_dtype dtype, int world, int64_t begin,
                      int64_t count, const std::vector<int64_t>& used, int64_t dataEnd);
 
+// The chunk a reduce-scatter receives at a time (two of them are its
+// scratch): kRingChunkBytes, or more for a segment over kRingMaxChunks of
+// them (the slots of a step have room for that many), in whole elements.
+constexpr int64_t kRingChunkBytes = 512 * 1024;
+constexpr int64_t kRingMaxChunks = 64;
+int64_t ringChunkBytes(int64_t largestSegmentBytes, size_t elemBytes);
+
 // Afterwards this rank's piece of segment `rank` holds the sum over ranks.
-// `scratch` (grown as needed) receives the neighbour's partial sums; `tag`
+// `scratch` (grown to two chunks, ringChunkBytes) receives the neighbour's
+// partial sums; `tag`
 // is the same on every rank and unique among collectives in flight.
 // Returns the bytes this rank sent. Throws what Gloo throws (the caller maps
 // it), or sfsync::Error(SF_ERR_TIMEOUT) when a wait is aborted.

@@ -14,6 +14,7 @@ Not responsible for: the memory of the gradients (store.py), the optimizer
 (optim.py), replica checks (verify.py), DDP (ddp.py).
 """
 
+import os
 import weakref
 
 import torch
@@ -83,6 +84,14 @@ class GradientSync(WindowFace):
       **kw)`` steps this rank's shard and gathers the rest (sfsync/torch/optim.py).
       Without it ``sync.optimizer`` steps bucket by bucket as each all-reduce
       completes. ``set_accumulation_steps(n)``: N from the next window.
+      Sharded, ``bucket_cap_mb=None`` (with no ``SF_BUCKET_CAP_MB`` and no
+      context of the caller's) is about an eighth of the gradients, within
+      1..25 MiB (``sharded_bucket_cap_mb``, 0.4): the last bucket's
+      reduce-scatter, step and gather lie between the last backward and the
+      next forward, so a small one keeps that short, and the first
+      reduce-scatters start early in the backward (25 MiB, DDP's cap, left
+      the transformer of bench/torch2_bench.py 3 buckets and the wire idle
+      through most of the last backward).
 
     Each parameter's ``.grad`` is a view into the plugin's flat buffer
     (``flat_buffer=True``), on the parameters' device: host memory for a
@@ -151,6 +160,9 @@ class GradientSync(WindowFace):
             if self.context is None:
                 self.context = make_context(store=store, **options)
             ctx = self.context
+            if bucket_cap_mb is None and self.shard_optimizer and self._owns_context and \
+                    not os.environ.get("SF_BUCKET_CAP_MB"):
+                bucket_cap_mb = sharded_bucket_cap_mb(self.params)
             if bucket_cap_mb is not None:
                 ctx.set_bucket_cap_mb(bucket_cap_mb)
             if first_bucket_cap_mb is not None:
@@ -493,6 +505,16 @@ class GradientSync(WindowFace):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+SHARDED_BUCKETS = 8  # the sharded default cap: about this many buckets
+
+
+def sharded_bucket_cap_mb(params):
+    """The sharded default bucket cap (MiB): the gradients' bytes over
+    SHARDED_BUCKETS, within 1..25 MiB (DDP's cap)."""
+    total = sum(p.numel() * p.element_size() for p in params)
+    return min(25.0, max(1.0, total / SHARDED_BUCKETS / 2 ** 20))
 
 
 _ACCUMULATE_DTYPES = (torch.float32, torch.float64)

@@ -40,8 +40,9 @@ each bucket is reduce-scattered; this rank's range of parameter p
 inner optimizer is built over those shard tensors only, so its ``state``
 holds 1/W of the full optimizer's. bf16/fp16 parameters get float32 master
 shards (one float32 copy of the shard, none of the whole parameter),
-written back rounded before the gather. After a bucket's shard stepped its
-all-gather starts (sf_start_gather); the next forward's pre-hooks (one per
+written back rounded before the gather. Once every bucket's shard stepped,
+the all-gathers start (sf_start_gather) in forward order, the first layers'
+bucket first (it was reduced last); the next forward's pre-hooks (one per
 module holding parameters) wait for the buckets of that module's parameters
 (sf_wait_gather), so the gather overlaps the forward; every module's
 ``state_dict()`` and ``named_parameters()`` / ``parameters()`` wait for the
@@ -414,8 +415,19 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
 
     def _step_bucket(self, b):
         self._step_slots(self._by_bucket[b])
-        if self._sharded:
-            self._store.before_plugin()  # the gather reads what the step wrote
+
+    def _start_gathers(self):
+        """Sharded: every bucket's parameter gather, in forward order (the
+        reverse of the bucket order: the last bucket reduced holds the first
+        layers, which the next forward needs first), once every bucket has
+        stepped. Started as each bucket stepped, the first layers' gather
+        would queue behind every other's and the next forward would wait
+        for all of them. The same order on every rank (not the order the
+        forward hooks fire in, which data may change)."""
+        if not self._sharded:
+            return
+        self._store.before_plugin()  # the gathers read what the steps wrote
+        for b in reversed(range(self._buckets)):
             shard.start_gather(self._sync.context, b)
             self._gathering.add(b)
 
@@ -447,6 +459,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
                 self.wait_gradients()
                 for b in range(self._buckets):
                     self._step_bucket(b)
+                self._start_gathers()
         finally:
             self._scale = None
         self._phase = Phase.STEPPED if self._sharded else Phase.IDLE
@@ -474,6 +487,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         self._synchronize()
         for b in deferred:
             self._step_bucket(b)
+        self._start_gathers()
 
     def zero_grad(self, set_to_none=None):
         """Zero the gradients (GradientSync.zero_grad: the flat buffer in

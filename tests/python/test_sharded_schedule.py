@@ -1,0 +1,145 @@
+"""The sharded window's schedule (issue 24): where the time between the last
+backward and the next forward goes.
+
+* The parameter gathers start once every bucket has stepped, in forward
+  order (the last bucket first: it holds the first layers, reduced last).
+  Started as each bucket stepped (0.3), the first layers' gather queued
+  behind every other bucket's, and the next forward waited for all of them
+  (bench/torch2_bench.py's trace: 170 ms of 1 Gbit/s wire after the window).
+* The sharded default bucket cap is about an eighth of the gradients, within
+  1..25 MiB (``sharded_bucket_cap_mb``): DDP's 25 MiB left the bench's
+  transformer 3 buckets and the wire idle through most of the last backward.
+  An explicit cap, ``SF_BUCKET_CAP_MB`` or a caller's context keep theirs.
+
+One rank (the order and the plan are the same at any world size); seconds.
+
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_sharded_schedule.py
+"""
+
+import os
+import sys
+import unittest
+from unittest import mock
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
+    sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
+
+import torch  # noqa: E402
+
+from sfsync import shard  # noqa: E402
+from sfsync import torch as sft  # noqa: E402
+from sfsync.torch.gradient_sync import sharded_bucket_cap_mb  # noqa: E402
+
+LOCAL = dict(rank=0, world_size=1, rendezvous="", find_unused_parameters=False)
+MIB = 2 ** 20
+
+
+def layers(n, width):
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(n):
+        mods += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    return torch.nn.Sequential(*mods)
+
+
+def window(model, sync, opt, width, steps=2):
+    for i in range(steps):
+        g = torch.Generator().manual_seed(i)
+        model(torch.randn(3, width, generator=g)).pow(2).mean().backward()
+    assert sync.is_step()
+    opt.step()
+    opt.zero_grad()
+
+
+class ShardedSchedule(unittest.TestCase):
+    def make(self, model, overlap_step=True, env=None, **kw):
+        with mock.patch.dict(os.environ, env or {}):
+            if env is None:
+                os.environ.pop("SF_BUCKET_CAP_MB", None)
+            sync = sft.GradientSync(model, accumulation_steps=2, shard_optimizer=True,
+                                    **dict(LOCAL, **kw))
+        self.addCleanup(sync.close)
+        opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=0.01,
+                             overlap_step=overlap_step)
+        return sync, opt
+
+    def record(self, opt):
+        """Every inner step and sf_start_gather of the next window, in order."""
+        events = []
+        for b, inner in enumerate(opt.inner_optimizers):
+            step = inner.step
+
+            def logged(*a, _b=b, _step=step, **k):
+                events.append(("step", _b))
+                return _step(*a, **k)
+            inner.step = logged
+        start = shard.start_gather
+
+        def gather(ctx, b):
+            events.append(("gather", b))
+            return start(ctx, b)
+        patch = mock.patch.object(shard, "start_gather", gather)
+        patch.start()
+        self.addCleanup(patch.stop)
+        return events
+
+    def check_forward_order(self, overlap_step):
+        width = 128
+        model = layers(6, width)
+        sync, opt = self.make(model, overlap_step=overlap_step,
+                              bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+        buckets = sync.stats()["bucket_count"]
+        self.assertEqual(buckets, 12)  # every tensor a bucket of its own
+        window(model, sync, opt, width)  # (the first window builds)
+        events = self.record(opt)
+        window(model, sync, opt, width)
+        steps = [b for kind, b in events if kind == "step"]
+        gathers = [b for kind, b in events if kind == "gather"]
+        self.assertEqual(sorted(steps), list(range(buckets)), events)
+        self.assertEqual(gathers, list(reversed(range(buckets))), events)
+        last_step = max(i for i, e in enumerate(events) if e[0] == "step")
+        first_gather = min(i for i, e in enumerate(events) if e[0] == "gather")
+        self.assertLess(last_step, first_gather, events)
+        opt.wait_parameters()
+
+    def test_gathers_start_after_every_step_in_forward_order_per_bucket(self):
+        self.check_forward_order(True)
+
+    def test_gathers_start_after_every_step_in_forward_order_final_gradients(self):
+        self.check_forward_order(False)
+
+    def test_default_cap_is_an_eighth_of_the_gradients(self):
+        model = layers(32, 512)  # 32 x (1 MiB + 2 KiB): the cap is 4.0 MiB
+        params = list(model.parameters())
+        self.assertAlmostEqual(sharded_bucket_cap_mb(params), 32 * (MIB + 2048) / 8 / MIB)
+        sync, _ = self.make(model)
+        infos = sync.context.buckets()
+        # The first bucket closes at 1 MiB (DDP's first cap), the others hold
+        # 4 MiB of 1 MiB weights: 1 + ceil(31 / 4) = 9 buckets.
+        self.assertEqual(len(infos), 9, infos)
+        biggest = max(i["bytes"] for i in infos)
+        self.assertLessEqual(biggest, 4 * MIB + 4 * 2048, infos)
+
+    def test_the_cap_is_clamped_to_1_and_25_mib(self):
+        self.assertEqual(sharded_bucket_cap_mb(list(layers(2, 64).parameters())), 1.0)
+        huge = [torch.empty(0).new_empty((0,))]  # numel() 0: the floor
+        self.assertEqual(sharded_bucket_cap_mb(huge), 1.0)
+        big = [torch.nn.Parameter(torch.empty(300 * MIB // 4))]  # 300 MiB: the ceiling
+        self.assertEqual(sharded_bucket_cap_mb(big), 25.0)
+
+    def test_an_explicit_cap_or_the_environment_keeps_its_cap(self):
+        model = layers(32, 512)
+        sync, _ = self.make(model, bucket_cap_mb=25)
+        self.assertEqual(sync.stats()["bucket_count"], 3)  # 1 MiB, 25 MiB, the rest
+        sync.close()
+        sync, _ = self.make(layers(32, 512), env={"SF_BUCKET_CAP_MB": "25"})
+        self.assertEqual(sync.stats()["bucket_count"], 3)
+        sync.close()
+        unsharded = sft.GradientSync(layers(32, 512), **LOCAL)  # the rule is the sharded one's
+        self.addCleanup(unsharded.close)
+        self.assertEqual(unsharded.stats()["bucket_count"], 3)
+
+
+if __name__ == "__main__":
+    unittest.main()
