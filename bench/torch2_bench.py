@@ -664,7 +664,7 @@ def derive(rec):
         r["weights_agree"] = None if d is None else bool(d <= rec["tolerance"])
         if d is not None and not d <= rec["tolerance"]:
             fails.append("%s N=%d %s %s: weights %.3g off DDP's (tolerance %g)" % (
-                rec["model"], rec["hosts"], rec["rate"], r["variant"], d, rec["tolerance"]))
+                rec["model"], rec["hosts"], link_of(rec), r["variant"], d, rec["tolerance"]))
     return fails
 
 
@@ -697,6 +697,12 @@ def cell(key, fmt, r):
     return fmt % x
 
 
+def link_of(rec):
+    """The link column: the rate, and the bucket cap when --bucket-cap-mb set both."""
+    cap = rec.get("bucket_cap_mb")
+    return rec["rate"] if cap is None else "%s, cap %g MiB" % (rec["rate"], cap)
+
+
 def ms_table(records):
     """ms per window (median, slowest rank) of every variant, a row per run."""
     variants = [v for v in VARIANTS if any(x["variant"] == v for r in records
@@ -705,7 +711,7 @@ def ms_table(records):
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for rec in records:
         ms = {r["variant"]: r["ms_per_window_median"] for r in rec["results"]}
-        lines.append("| %s | %d | %s | %s |" % (rec["model"], rec["hosts"], rec["rate"], " | ".join(
+        lines.append("| %s | %d | %s | %s |" % (rec["model"], rec["hosts"], link_of(rec), " | ".join(
             "%.0f" % ms[v] if v in ms else "-" for v in variants)))
     return "\n".join(lines)
 
@@ -716,7 +722,7 @@ def tables(records):
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for rec in records:
         lines.append("| %s | %d | %s | %s | %.1f |" % (
-            rec["model"], rec["hosts"], rec["rate"], " | ".join(
+            rec["model"], rec["hosts"], link_of(rec), " | ".join(
                 "%.2f" % rec["ratios"][k] if k in rec["ratios"] else "-" for k, _ in RATIO_COLS),
             rec["load"][0]))
     lines.append("")
@@ -725,7 +731,7 @@ def tables(records):
     for rec in records:
         for r in rec["results"]:
             lines.append("| %s | %d | %s | %s | %s |" % (
-                rec["model"], rec["hosts"], rec["rate"], r["variant"],
+                rec["model"], rec["hosts"], link_of(rec), r["variant"],
                 " | ".join(cell(k, f, r) for k, _, f in COLUMNS)))
     return "\n".join(lines)
 
@@ -734,6 +740,10 @@ def plot(records, variants, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    # One line per variant at the default caps (a --bucket-cap-mb run is in
+    # the tables only), unless every record set a cap.
+    default = [r for r in records if r.get("bucket_cap_mb") is None]
+    records = default or records
     keys = sorted({(r["model"], r["hosts"]) for r in records})
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.5), squeeze=False)
     order = [x for x in RATES[::-1] + ["loopback"] if any(r["rate"] == x for r in records)]
@@ -808,10 +818,14 @@ def merge(a):
     order = {(m, n, rate): i for i, (m, n, rate) in enumerate(
         (m, n, rate) for m in MODELS for n in (2, 4, 8) for rate in RATES + ["loopback"])}
     records.sort(key=lambda r: order.get((r["model"], r["hosts"], r["rate"]), 99))
-    doc = {"merged_from": {os.path.basename(p): {"command": d["command"], "wall_s": d["wall_s"],
-                                                 "load_before": d["load_before"],
-                                                 "load_after": d["load_after"]}
-                           for p, d in zip(a.merge, docs)},
+    sources = {}
+    for p, d in zip(a.merge, docs):
+        if "merged_from" in d:  # a merged file: its runs
+            sources.update(d["merged_from"])
+        else:
+            sources[os.path.basename(p)] = {k: d[k] for k in ("command", "wall_s", "load_before",
+                                                               "load_after")}
+    doc = {"merged_from": sources,
            "wall_s": round(sum(d["wall_s"] for d in docs), 1), "records": records,
            "check_failures": fails}
     name = a.name or "torch2_bench"
