@@ -218,35 +218,49 @@ def write_results(out, name, doc, md, plot_to, tag):
 LOAD0 = os.getloadavg()
 
 
-def main(argv=None):
-    a = parse_args(argv)
-    if not any(r == "loopback" for r in a.rates) or any(r != "loopback" for r in a.rates):
-        chk = subprocess.run(["bash", CLUSTER, "check"], capture_output=True, text=True)
-        if chk.returncode != 0 and any(r != "loopback" for r in a.rates):
-            print(chk.stderr.strip(), file=sys.stderr)
-            return chk.returncode
+def run_grid(a, tool, run, md_of, plot_of, extra=None, load0=None):
+    """The driver the grid benchmarks share (this one, sharded_bench,
+    torch2_bench): the cluster check, ``run(n, rate)`` (a list of records,
+    which it prints) for every host count and rate, then
+    out/<name>.{json,md,png}: the records, the command, the loads, the wall
+    time and ``extra`` (read after the runs). Returns (records, 0), or
+    (None, status) when clusters cannot run here."""
+    load0 = load0 or os.getloadavg()
+    rc = cluster_ready(a.rates)
+    if rc:
+        return None, rc
     os.makedirs(a.out, exist_ok=True)
-    records = []
-    started = time.time()
+    records, started = [], time.time()
     for n in a.hosts:
         for rate in a.rates:
-            with tempfile.TemporaryDirectory(prefix="sfsync-bench-") as store:
-                rec = run_one(a, n, rate, store)
-            rec["ratios"] = ratios(rec)
-            records.append(rec)
-            print("N=%d %-8s %s  %s" % (n, rate, " ".join(
-                "%s=%.0f" % (r["variant"], r["ms_per_window_median"]) for r in rec["results"]),
-                rec["ratios"]), flush=True)
-    name = "cluster_bench_smoke" if a.smoke else "cluster_bench"
-    doc = {"command": " ".join([PY] + sys.argv), "records": records,
-           "sfsync_bucket_cap_mb": a.sfsync_bucket_cap_mb, "load_before": LOAD0,
-           "load_after": os.getloadavg(),
+            records += run(n, rate)
+    name = getattr(a, "name", None) or (tool + "_smoke" if a.smoke else tool)
+    doc = {"command": " ".join([sys.executable] + sys.argv), "records": records,
+           "load_before": load0, "load_after": os.getloadavg(),
            "wall_s": round(time.time() - started, 1)}
-    write_results(a.out, name, doc, table(records, a.variants),
-                  lambda path: plot(records, a.variants, path), "cluster_bench")
-    print("cluster_bench: wrote %s/%s.{json,md,png} in %.0f s" % (a.out, name,
-                                                                  time.time() - started))
-    return 0
+    doc.update(extra or {})
+    write_results(a.out, name, doc, md_of(records), lambda path: plot_of(records, path), tool)
+    print("%s: wrote %s/%s.{json,md,png} in %.0f s (load %.1f -> %.1f)" % (
+        tool, a.out, name, time.time() - started, load0[0], os.getloadavg()[0]))
+    return records, 0
+
+
+def main(argv=None):
+    a = parse_args(argv)
+
+    def run(n, rate):
+        with tempfile.TemporaryDirectory(prefix="sfsync-bench-") as store:
+            rec = run_one(a, n, rate, store)
+        rec["ratios"] = ratios(rec)
+        print("N=%d %-8s %s  %s" % (n, rate, " ".join(
+            "%s=%.0f" % (r["variant"], r["ms_per_window_median"]) for r in rec["results"]),
+            rec["ratios"]), flush=True)
+        return [rec]
+
+    _, rc = run_grid(a, "cluster_bench", run, lambda recs: table(recs, a.variants),
+                     lambda recs, path: plot(recs, a.variants, path),
+                     extra={"sfsync_bucket_cap_mb": a.sfsync_bucket_cap_mb}, load0=LOAD0)
+    return rc
 
 
 if __name__ == "__main__":

@@ -43,8 +43,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_bench import (PY, ROOT, bench_parser, cluster_ready, plot_ms, run_ranks,  # noqa: E402
-                           write_results)
+from cluster_bench import PY, ROOT, bench_parser, plot_ms, run_grid, run_ranks  # noqa: E402
 
 VARIANTS = ["ddp_adamw", "zero_ddp", "sfsync_sharded", "sfsync_perbucket", "sfsync_adamw"]
 
@@ -265,29 +264,19 @@ def main(argv=None):
     a = parse_args(argv)
     if a.worker:
         return worker(a)
-    load0 = os.getloadavg()
-    rc = cluster_ready(a.rates)
-    if rc:
-        return rc
-    os.makedirs(a.out, exist_ok=True)
-    records, started = [], time.time()
-    for n in a.hosts:
-        for rate in a.rates:
-            rec = run_one(a, n, rate)
-            rec["ratios"] = ratios(rec)
-            rec["load"] = os.getloadavg()
-            records.append(rec)
-            print("N=%d %-8s %s  %s  load %.1f" % (n, rate, " ".join(
-                "%s=%.0f" % (r["variant"], r["ms_per_window_median"]) for r in rec["results"]),
-                rec["ratios"], rec["load"][0]), flush=True)
-    name = a.name or ("sharded_bench_smoke" if a.smoke else "sharded_bench")
-    doc = {"command": " ".join([PY] + sys.argv), "records": records, "load_before": load0,
-           "load_after": os.getloadavg(), "wall_s": round(time.time() - started, 1)}
-    write_results(a.out, name, doc, table(records, a.variants),
-                  lambda path: plot(records, a.variants, path), "sharded_bench")
-    print("sharded_bench: wrote %s/%s.{json,md,png} in %.0f s (load %.1f -> %.1f)" % (
-        a.out, name, time.time() - started, load0[0], os.getloadavg()[0]))
-    return 0
+
+    def run(n, rate):
+        rec = run_one(a, n, rate)
+        rec["ratios"] = ratios(rec)
+        rec["load"] = os.getloadavg()
+        print("N=%d %-8s %s  %s  load %.1f" % (n, rate, " ".join(
+            "%s=%.0f" % (r["variant"], r["ms_per_window_median"]) for r in rec["results"]),
+            rec["ratios"], rec["load"][0]), flush=True)
+        return [rec]
+
+    _, rc = run_grid(a, "sharded_bench", run, lambda recs: table(recs, a.variants),
+                     lambda recs, path: plot(recs, a.variants, path))
+    return rc
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster_bench import (RATES, ROOT, cluster_ready, draw_panel, run_ranks,  # noqa: E402
+from cluster_bench import (RATES, ROOT, draw_panel, run_grid, run_ranks,  # noqa: E402
                            write_results)
 
 TORCH2 = "/root/.cache/sfsync/venv-torch2/bin/python"
@@ -843,47 +843,40 @@ def main(argv=None):
         return worker(a)
     if a.merge:
         return merge(a)
-    load0 = os.getloadavg()
-    rc = cluster_ready(a.rates)
+    fails = []
+
+    def run(n, rate):
+        argv = [a.python, os.path.abspath(__file__), "--worker", "--rate", rate,
+                "--rounds", str(a.rounds), "--block", str(a.block),
+                "--micro-batches", str(a.micro_batches), "--tolerance", str(a.tolerance),
+                "--models"] + a.models + ["--variants"] + a.variants
+        if a.bucket_cap_mb is not None:
+            argv += ["--bucket-cap-mb", str(a.bucket_cap_mb)]
+        if a.small:
+            argv.append("--small")
+        if a.fault:
+            argv += ["--fault", a.fault]
+        if a.trace:
+            os.makedirs(a.trace, exist_ok=True)
+            argv += ["--trace", os.path.abspath(a.trace)]
+        load_start = os.getloadavg()
+        out = run_ranks(a, n, rate, argv, "torch2_bench")
+        for rec in out["records"]:
+            rec.update(hosts=n, rate=rate, run_s=out["run_s"], load_start=load_start,
+                       load=os.getloadavg())
+            fails.extend(derive(rec))
+            print("%s N=%d %-8s %s  %s  load %.1f -> %.1f  %.0f s" % (
+                rec["model"], n, rate, " ".join(
+                    "%s=%.0f" % (r["variant"], r["ms_per_window_median"])
+                    for r in rec["results"]),
+                rec["ratios"], load_start[0], rec["load"][0], out["run_s"]), flush=True)
+        return out["records"]
+
+    records, rc = run_grid(a, "torch2_bench", run, tables,
+                           lambda recs, path: plot(recs, a.variants, path),
+                           extra={"check_failures": fails})
     if rc:
         return rc
-    os.makedirs(a.out, exist_ok=True)
-    records, fails, started = [], [], time.time()
-    for n in a.hosts:
-        for rate in a.rates:
-            argv = [a.python, os.path.abspath(__file__), "--worker", "--rate", rate,
-                    "--rounds", str(a.rounds), "--block", str(a.block),
-                    "--micro-batches", str(a.micro_batches), "--tolerance", str(a.tolerance),
-                    "--models"] + a.models + ["--variants"] + a.variants
-            if a.bucket_cap_mb is not None:
-                argv += ["--bucket-cap-mb", str(a.bucket_cap_mb)]
-            if a.small:
-                argv.append("--small")
-            if a.fault:
-                argv += ["--fault", a.fault]
-            if a.trace:
-                os.makedirs(a.trace, exist_ok=True)
-                argv += ["--trace", os.path.abspath(a.trace)]
-            load_start = os.getloadavg()
-            run = run_ranks(a, n, rate, argv, "torch2_bench")
-            for rec in run["records"]:
-                rec.update(hosts=n, rate=rate, run_s=run["run_s"], load_start=load_start,
-                           load=os.getloadavg())
-                fails += derive(rec)
-                records.append(rec)
-                print("%s N=%d %-8s %s  %s  load %.1f -> %.1f  %.0f s" % (
-                    rec["model"], n, rate, " ".join(
-                        "%s=%.0f" % (r["variant"], r["ms_per_window_median"])
-                        for r in rec["results"]),
-                    rec["ratios"], load_start[0], rec["load"][0], rec["run_s"]), flush=True)
-    name = a.name or ("torch2_bench_smoke" if a.smoke else "torch2_bench")
-    doc = {"command": " ".join([sys.executable] + sys.argv),
-           "records": records, "load_before": load0, "load_after": os.getloadavg(),
-           "wall_s": round(time.time() - started, 1), "check_failures": fails}
-    write_results(a.out, name, doc, tables(records),
-                  lambda path: plot(records, a.variants, path), "torch2_bench")
-    print("torch2_bench: wrote %s/%s.{json,md,png} in %.0f s (load %.1f -> %.1f)" % (
-        a.out, name, time.time() - started, load0[0], os.getloadavg()[0]))
     for e in fails:
         print("torch2_bench: CHECK FAIL " + e, file=sys.stderr)
     errs = smoke_check(records, a.variants) if a.smoke else []
