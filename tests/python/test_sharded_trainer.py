@@ -283,12 +283,22 @@ def case_parity(rank, world, c, layout, clip=0.05, unused=True, refs=None):
         same = all(torch.equal(saved_v, opt.state[k][kk]) for k, st in saved.items()
                    for kk, saved_v in st.items())
         c.that(same, "%s: the full state dict loaded back differs" % case)
-        bad = dict(sd, sfsync=dict(sd["sfsync"], world_size=world + 1))
+        # another rank's per-rank form (what a framework that saves from rank
+        # 0 alone hands every rank): a ValueError naming both ranks and what
+        # to call instead, never a silent load (issue 32)
+        every = [None] * world
+        dist.all_gather_object(every, opt.state_dict(), group=GROUP["pg"])
+        other = every[(rank + 1) % world]
+        touched = any(st for st in other["state"].values()) and any(
+            st for st in opt.state_dict()["state"].values())
         try:
-            opt.load_state_dict(bad)
-            c.that(False, "%s: a sharded state dict of another world size was loaded" % case)
+            opt.load_state_dict(other)
+            c.that(not touched, "%s: rank %d's sharded state dict was loaded on rank %d"
+                   % (case, (rank + 1) % world, rank))
         except ValueError as e:
-            c.that("world_size" in str(e), "%s: the error does not name world_size: %s" % (case, e))
+            c.that("rank %d of %d" % ((rank + 1) % world, world) in str(e) and
+                   "consolidate_state_dict" in str(e),
+                   "%s: the error does not name the saving rank and the remedy: %s" % (case, e))
     sync.close()
     return "%s %.1e%s" % (case, diff, "" if ratio is None else " state %.3f/W" % ratio)
 
