@@ -278,6 +278,20 @@ def case_bad(c):
     ok = expect_error(c, "a model with other shapes", lambda: opt.load_state_dict(
         twin_opt.state_dict()), ValueError, "fc1.weight", "[10, 13]", "[9, 13]")
     done.append("other shapes" if ok else None)
+    # rank 0's per-rank state dict loaded on every rank (what a framework
+    # that saves from rank 0 alone does): the named error on every rank,
+    # rank 0's included (its part fits, but the others' do not)
+    box = [opt.state_dict() if rank == 0 else None]
+    dist.broadcast_object_list(box, 0)
+    if rank == 0:
+        ok = expect_error(c, "rank 0's state dict on rank 0", lambda: opt.load_state_dict(box[0]),
+                          ValueError, "did not fit on rank(s) 1, 2", "nothing was loaded")
+    else:
+        ok = expect_error(c, "rank 0's state dict on rank %d" % rank,
+                          lambda: opt.load_state_dict(box[0]), ValueError,
+                          "sharded state dict of rank 0 of 3", "rank %d of 3" % rank,
+                          "consolidate_state_dict")
+    done.append("rank 0's state on every rank" if ok else None)
     # a rank's DCP file missing: every rank raises (none hangs)
     if dcp is not None:
         save("dcp", w, model, sync, opt, path)

@@ -351,9 +351,33 @@ class ShardedStateDicts:
             self._share_state()  # (torch's load made a new state)
             return None
         self._check_boundary("load_state_dict")
-        if isinstance(meta, dict) and "form" not in meta:
-            return self._load_v04(state_dict, meta)
-        return self._load(state_dict, meta if isinstance(meta, dict) else None)
+        # Checked on every rank before any rank loads: one rank's bad state
+        # is an error on all of them (never one rank's crash and the others'
+        # hang at the next collective), and no rank is left half-loaded.
+        try:
+            if isinstance(meta, dict) and "form" not in meta:
+                apply, error = self._load_v04(state_dict, meta), None
+            else:
+                apply, error = self._load(state_dict, meta if isinstance(meta, dict) else None), None
+        except ValueError as e:
+            apply, error = None, e
+        failed = self._agree(error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            raise ValueError("load_state_dict: the state dict did not fit on rank(s) %s (their "
+                             "errors say why); nothing was loaded here, on %s"
+                             % (", ".join(map(str, failed)), self._where()))
+        apply()
+
+    def _agree(self, failed):
+        """The ranks whose load failed (one small all-reduce, every rank)."""
+        sync = self._sync
+        flags = torch.zeros(sync.world_size, dtype=torch.float64)
+        flags[sync.rank] = 1.0 if failed else 0.0
+        if sync.world_size > 1:
+            shard.allreduce_float64(sync.context, flags)
+        return [r for r in range(sync.world_size) if flags[r] > 0]
 
     def _pairs(self, sd):
         """[(saved key, slot)] in group order, checked against this
@@ -407,6 +431,9 @@ class ShardedStateDicts:
         for g, slots in zip(sd["param_groups"], self._full_groups):
             ids = [inner_index[id(s.tensor)] for s in slots if s.tensor is not None]
             groups.append(dict({k: v for k, v in g.items() if k != "params"}, params=ids))
+        return lambda: self._apply(state, groups, masters)
+
+    def _apply(self, state, groups, masters):
         self._load_shard_state({"state": state, "param_groups": groups})
         with torch.no_grad():
             for s in self._stepped:
@@ -487,11 +514,13 @@ class ShardedStateDicts:
         if [tuple(x) for x in meta.get("ranges", [])] != ranges:
             raise ValueError("load_state_dict: the 0.4 sharded state dict's shard ranges differ "
                              "from this optimizer's (another model or bucket cap?)")
-        self._load_shard_state({k: v for k, v in sd.items() if k != "sfsync"})
-        with torch.no_grad():
-            for s, m in zip(self._stepped, meta.get("master", [])):
-                if m is not None:
-                    s.tensor.copy_(m)
+        def apply():
+            self._load_shard_state({k: v for k, v in sd.items() if k != "sfsync"})
+            with torch.no_grad():
+                for s, m in zip(self._stepped, meta.get("master", [])):
+                    if m is not None:
+                        s.tensor.copy_(m)
+        return apply
 
     def _load_shard_state(self, sd):
         """Sharded: load a state dict numbered over this rank's shard tensors

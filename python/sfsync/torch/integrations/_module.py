@@ -10,7 +10,8 @@ import inspect
 
 import torch
 
-__all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer", "split_options"]
+__all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer", "split_options",
+           "consolidate_for_save"]
 
 #: Options of sync.optimizer(...) (sfsync/torch/optim.py) that a framework's
 #: integration takes with GradientSync's and passes to the optimizer it builds.
@@ -100,3 +101,14 @@ def rebuild_optimizer(sync, opt, **optimizer_options):
     groups = [{k: v for k, v in g.items() if k == "params" or k in accepted}
               for g in opt.param_groups]
     return sync.optimizer(cls, groups, **optimizer_options, **defaults)
+
+
+def consolidate_for_save(sync, to=0):
+    """Before a framework saves the optimizer from rank ``to`` alone (the HF
+    Trainer's main process, Accelerate's ``save_state``; Lightning calls
+    ``consolidate_state_dict`` itself): every rank gathers a sharded sfsync
+    optimizer's full form there, so that the file resumes on every rank, at
+    any world size (collective: called on every rank)."""
+    opt = sync_optimizer(sync) if sync is not None else None
+    if opt is not None and getattr(opt, "_sharded", False):
+        opt.consolidate_state_dict(to)

@@ -63,7 +63,21 @@ def prepare_model(accelerator, model, device_placement=None, **sync_options):
     wrapped = SyncedModule(GradientSync(model, **sync_options),
                            host_defers=lambda: not state.sync_gradients)
     _route_clip(accelerator, wrapped)
+    _route_checkpoints(accelerator, wrapped)
     return wrapped
+
+
+def _route_checkpoints(accelerator, wrapped):
+    """``accelerator.save_state`` / ``load_state``: Accelerate saves each
+    optimizer's ``state_dict()`` from the main process and loads it on
+    every process, so a sharded sfsync optimizer gathers its full form on
+    rank 0 first (a save pre-hook: it runs on every process); the
+    GradientSync's window state is a checkpointed object of Accelerate's own
+    (``register_for_checkpointing``)."""
+    from sfsync.torch.integrations._module import consolidate_for_save
+    accelerator.register_save_state_pre_hook(
+        lambda models, weights, output_dir: consolidate_for_save(wrapped.sync))
+    accelerator.register_for_checkpointing(wrapped.sync)
 
 
 def _route_clip(accelerator, wrapped):

@@ -116,6 +116,21 @@ class SfsyncStrategy(DDPStrategy):
         super().setup(trainer)
         _route_clip(self)
 
+    # -- checkpoints: Lightning gathers ``optimizer_state`` on every rank
+    # (consolidate_state_dict first, which sfsync's sharded optimizer has: the
+    # full form on global zero) and global zero writes the file that every
+    # rank loads; sfsync's window state travels in it as "sfsync"
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+        if self.sync is not None and self.sync.context is not None:
+            checkpoint["sfsync"] = self.sync.state_dict()
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_optimizer_state_dict(self, checkpoint):
+        super().load_optimizer_state_dict(checkpoint)
+        if "sfsync" in checkpoint and self.sync is not None and self.sync.context is not None:
+            self.sync.load_state_dict(checkpoint["sfsync"])
+
     # -- teardown
 
     def _close_sync(self):

@@ -35,12 +35,16 @@ clips by the global norm through ``SyncedModule.clip_grad_norm_`` (sfsync's
 optimizer's own when it has one).
 """
 
+import os
 import weakref
 
 from transformers import Trainer, TrainerCallback
 
-from sfsync.torch.integrations._module import (SyncedModule, rebuild_optimizer, split_options,
-                                         sync_optimizer)
+from sfsync.torch.integrations._module import (SyncedModule, consolidate_for_save,
+                                               rebuild_optimizer, split_options, sync_optimizer)
+
+#: sfsync's own window state (sync.state_dict()) in a Trainer checkpoint folder.
+SYNC_STATE_NAME = "sfsync_sync.pt"
 
 __all__ = ["SfsyncTrainer", "SfsyncTrainerMixin"]
 
@@ -97,6 +101,26 @@ class SfsyncTrainerMixin:
         if isinstance(model, SyncedModule) and model.sync.context is not None:
             return model
         return SyncedModule(self._sfsync())
+
+    # -- checkpoints: the Trainer saves the optimizer from its main process
+    # alone and loads that one file on every process
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        if self.sync is not None and self.sync.context is not None:
+            consolidate_for_save(self.sync)  # every process: the full form on rank 0
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.sync is not None and self.sync.context is not None and self.args.should_save:
+            import torch
+            torch.save(self.sync.state_dict(), os.path.join(output_dir, SYNC_STATE_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self.sync is None or self.sync.context is None:
+            return
+        path = os.path.join(checkpoint, SYNC_STATE_NAME)
+        if os.path.isfile(path):
+            import torch
+            self.sync.load_state_dict(torch.load(path, weights_only=True))
 
     def _clip_grad_norm(self, model):
         if isinstance(model, SyncedModule):
