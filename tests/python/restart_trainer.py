@@ -11,6 +11,9 @@ rank 0's last checkpoint, while rank 1 is SIGKILLed twice:
 
     --variant gradsync  GradientSync(model, accumulation_steps=N, verify_every=2)
     --variant attach    DDP(model) + sfsync.torch.attach(ddp, N, verify_every=2)
+    --variant sharded   GradientSync(..., shard_optimizer=True) + sync.optimizer(SGD):
+                        the README's recipe with sfsync.torch.consolidate_state_dict(opt)
+                        on every rank before rank 0 saves (issue 32)
     --variant both      the two side by side on two models in one process (one
                         torchrun run for both: the rendezvous kill hits
                         GradientSync's, the first context)
@@ -110,14 +113,20 @@ class Trainee:
         self.model = tt.make_net(rank)
         if saved:
             self.model.load_state_dict(saved["model"])
-        if variant == "gradsync":
+        if variant in ("gradsync", "sharded"):
             self.module = self.model
             self.sync = sft.GradientSync(self.model, accumulation_steps=n,
-                                         verify_every=VERIFY_EVERY)
+                                         verify_every=VERIFY_EVERY,
+                                         shard_optimizer=variant == "sharded")
         else:
             self.module = DDP(self.model, find_unused_parameters=True)
             self.sync = sft.attach(self.module, accumulation_steps=n, verify_every=VERIFY_EVERY)
-        self.opt = tt.optimizer(self.module.parameters())
+        if variant == "sharded":  # tt.optimizer's class and settings, sharded
+            self.opt = self.sync.optimizer(torch.optim.SGD, [p for p in self.module.parameters()
+                                                                if p.requires_grad], lr=0.05,
+                                           momentum=0.9, weight_decay=0.01)
+        else:
+            self.opt = tt.optimizer(self.module.parameters())
         if saved:
             self.opt.load_state_dict(saved["opt"])
             self.sync.load_state_dict(saved["sync"])
@@ -155,7 +164,7 @@ class Trainee:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--variant", required=True, choices=["gradsync", "attach", "both"])
+    p.add_argument("--variant", required=True, choices=["gradsync", "attach", "sharded", "both"])
     p.add_argument("--dist", action="store_true")
     p.add_argument("--ckpt", required=True, help="checkpoint directory (shared by the ranks)")
     p.add_argument("--steps", type=int, default=4)
@@ -190,6 +199,8 @@ def main():
                 if t.sync.is_step():
                     t.opt.step()
                     t.opt.zero_grad()
+        for t in runs:  # every rank: a sharded optimizer's full form on rank 0
+            sft.consolidate_state_dict(t.opt)
         if rank == 0:
             save(path, runs, w + 1)
 

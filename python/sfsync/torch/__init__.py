@@ -63,11 +63,12 @@ names; ``sfsync.optim`` and ``sfsync.integrations`` are their 0.3 locations.
 from sfsync.torch.ddp import DDPSync, attach
 from sfsync.torch.face import SET_TO_NONE_DEFAULT
 from sfsync.torch.gradient_sync import GradientSync
+from sfsync.torch.optim_state import consolidate_state_dict
 from sfsync.torch.rendezvous import make_context, torch_store_callbacks
 from sfsync.torch.store import sf_dtype
 from sfsync.torch.verify import ReplicaCheck, ReplicaMismatchError
 
-__all__ = ["GradientSync", "DDPSync", "attach", "ReplicaCheck", "ReplicaMismatchError",
+__all__ = ["GradientSync", "DDPSync", "attach", "consolidate_state_dict", "ReplicaCheck", "ReplicaMismatchError",
            "make_context", "sf_dtype", "SET_TO_NONE_DEFAULT"]
 
 #: The 0.3 name of rendezvous.torch_store_callbacks (tests use it).

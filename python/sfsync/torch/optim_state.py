@@ -39,7 +39,7 @@ import torch
 
 from sfsync import shard
 
-__all__ = ["ShardedStateDicts"]
+__all__ = ["ShardedStateDicts", "consolidate_state_dict"]
 
 _FORM = "sharded"
 _MASTER = "sfsync_master"
@@ -133,6 +133,20 @@ def _covered(t):
 
 def _range_text(pieces):
     return ", ".join("[%d, %d)" % (a, a + v.numel()) for a, v in pieces) or "nothing"
+
+
+def consolidate_state_dict(optimizer, to=0):
+    """Collective (every rank calls it, at a step): before rank ``to`` alone
+    saves ``optimizer.state_dict()``, gather a sharded optimizer's full form
+    there (sfsync's sharded optimizer, torch's ZeroRedundancyOptimizer:
+    anything with ``consolidate_state_dict``); for any other optimizer,
+    whose state_dict() is already whole on every rank, nothing. The one line
+    that makes "rank 0 saves, every rank loads" resume a sharded run, at any
+    world size."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # (a framework's wrapper)
+    consolidate = getattr(inner, "consolidate_state_dict", None)
+    if consolidate is not None:
+        consolidate(to=to)
 
 
 class ShardedStateDicts:
