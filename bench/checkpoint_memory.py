@@ -8,7 +8,10 @@
 
 Run with torchrun (2 processes by default: ``--nproc``):
 
-    python3 bench/checkpoint_memory.py [--nproc 2] [--mb 64]
+    ~/.cache/sfsync/venv-torch2/bin/python bench/checkpoint_memory.py [--nproc 2] [--mb 64]
+
+(torch >= 2.15 for the dcp way; this tree's package and build/'s library
+unless SFSYNC_LIBRARY says otherwise).
 
 One fresh process pair per way (the allocator keeps freed pages, so one
 process cannot measure three peaks); within each, a sampler thread reads
@@ -113,7 +116,11 @@ def main():
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                str(args.nproc), "--redirects", "2", "--tee", "2", "--monitor_interval", "0.1",
                os.path.abspath(__file__), "--worker", way, "--mb", str(args.mb), "--out", out]
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        env.setdefault("SFSYNC_LIBRARY", os.path.join(root, "build", "plugin", "libsfsync.so"))
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.path.join(root, "python"), os.environ.get("PYTHONPATH")) if p)
         run = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
         if run.returncode:

@@ -64,16 +64,23 @@ needs no collective, sharded one sf_allreduce_float64 of the squared shard
 norms (one value; with the used mask in the same call). Call it before
 ``opt.step()``; it waits for every bucket (no per-bucket overlap then).
 
-State dicts: ``opt.state_dict()`` is the per-rank sharded form (the inner
-optimizer's own state dict over this rank's shard tensors, plus an
-``"sfsync"`` entry: rank, world size, layout and the shard ranges, and the
-float32 master shards of bf16 parameters); ``load_state_dict`` takes it back
-on the same rank, world size and layout. ``opt.full_state_dict()``
-(collective) gathers the full form: exactly what the same torch.optim class
-over the whole model would return (state keyed by parameter index, full-size
-tensors); ``load_state_dict`` also accepts that form, at any world size and
-layout (each rank slices its ranges). Unsharded, both forms are the inner
-optimizer's own state dict.
+State dicts (optim_state.py, "[Note: the sharded form]"): sharded,
+``opt.state_dict()`` is a torch optimizer's whole-model form (state keyed by
+parameter index) whose tensors hold this rank's range only, with
+torch.distributed.checkpoint's shard fields: ``dcp.save`` / ``dcp.load`` of
+it (the optimizer as a Stateful, or torch's ``get_state_dict`` /
+``set_state_dict``) write each rank's part and reshard at any world size
+and layout. ``opt.consolidate_state_dict(to=0)`` (collective;
+ZeroRedundancyOptimizer's protocol, which Lightning calls) makes rank
+``to``'s next ``state_dict()`` the full form, for frameworks that save from
+one rank; ``opt.full_state_dict()`` (collective) is that full form on every
+rank: exactly what the same torch.optim class over the whole model would
+return (plus ``"sfsync_master"``, a bf16 parameter's float32 master).
+``load_state_dict`` takes any of them at any world size and layout (each
+rank takes its ranges), checks the groups, shapes and ranges on every rank
+before any rank loads (a bad state is a ValueError on every rank naming the
+parameter and what to call instead), and, as the saves, refuses inside a
+window. Unsharded, every form is the inner optimizer's own state dict.
 
 ``param_groups`` are what a torch optimizer over the same parameters has:
 the user's groups with the model's parameters, so that LR schedulers,
