@@ -40,7 +40,7 @@ extern "C" {
 /* ---- Versions ----------------------------------------------------------- */
 
 #define SF_VERSION_MAJOR 0
-#define SF_VERSION_MINOR 3
+#define SF_VERSION_MINOR 4
 #define SF_VERSION_PATCH 0
 /** MAJOR * 10000 + MINOR * 100 + PATCH; compare with sf_version_number(). */
 #define SF_VERSION_NUMBER (SF_VERSION_MAJOR * 10000 + SF_VERSION_MINOR * 100 + SF_VERSION_PATCH)

@@ -43,7 +43,7 @@ BOOST_AUTO_TEST_SUITE(api_tests)
 BOOST_AUTO_TEST_CASE(versions) {
   BOOST_TEST(sf_abi_version() == SF_ABI_VERSION);
   BOOST_TEST(sf_version_number() == SF_VERSION_NUMBER);
-  BOOST_TEST(std::string(sf_version_string()) == "0.3.0");
+  BOOST_TEST(std::string(sf_version_string()) == "0.4.0");
 }
 
 BOOST_AUTO_TEST_CASE(status_strings_cover_every_code) {
