@@ -366,7 +366,9 @@ SF_API sf_status sf_grad_ready(sf_context* ctx, int64_t id);
  * ranks; float16 / bfloat16-only layouts: 2^11 / 2^8 instead of 2^24, e.g. 9
  * for bfloat16 on 4 ranks), so ranks a multiple of p windows apart pass; no
  * check with sharded CUDA-only layouts (NCCL's reduce-scatter scales every
- * element) or bfloat16-only layouts above 256 ranks.
+ * element) or bfloat16-only layouts above 256 ranks. Since 0.4 the first
+ * synchronization of a context compares the numbers exactly, in every
+ * layout (they ride in the layout check's collective: sf_restore_windows).
  */
 SF_API sf_status sf_synchronize(sf_context* ctx);
 
@@ -376,7 +378,8 @@ SF_API sf_status sf_synchronize(sf_context* ctx);
 typedef struct sf_stats {
   uint64_t struct_size;
   int64_t windows_begun;       /* sf_begin_accumulation calls that succeeded */
-  int64_t windows_completed;   /* sf_synchronize calls that succeeded */
+  int64_t windows_completed;   /* sf_synchronize calls that succeeded; since 0.4
+                                  plus the count sf_restore_windows restored */
   int64_t deferred_passes;     /* full sets of grad-ready reports inside windows */
   int64_t deferred_ready_calls;/* sf_grad_ready calls inside windows */
   int64_t collectives_issued;  /* gradient collectives (one per bucket per window; at
@@ -413,6 +416,42 @@ SF_API sf_status sf_get_stats(const sf_context* ctx, sf_stats* out);
  */
 SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
                                 int64_t* gradient_count, sf_dtype* dtype);
+
+/* ---- Restarts (Since 0.4) ----------------------------------------------- */
+
+/**
+ * Continue a saved run's window count in a resumed one. Save
+ * sf_stats.windows_completed (sf_get_stats: that field is the getter) with
+ * the model and optimizer; in the resumed run create the context and call
+ * this, on every rank, before training resumes. Afterwards
+ * sf_stats.windows_completed starts from `windows_completed`, and the
+ * out-of-step check of sf_synchronize numbers the next window
+ * windows_completed + 1 (then on as in an uninterrupted run): ranks
+ * continue in step only if every rank restores the same count.
+ * sf_stats.windows_begun keeps counting this context's own
+ * sf_begin_accumulation calls, from 0.
+ *
+ * Ranks that restore different counts: the first synchronization fails with
+ * SF_ERR_MISMATCH ("ranks are out of step", naming the window numbers) on
+ * every rank and the context is failed, never a hang (where an
+ * sf_grad_ready starts the first bucket, that call reports it first and
+ * sf_synchronize returns the same error). The first synchronization
+ * compares the numbers exactly (inside the layout check it already makes,
+ * no extra collective), so this holds for any difference, not only modulo
+ * p (sf_synchronize); later ones compare modulo p.
+ *
+ * Only before this context's first window or synchronization: once an
+ * sf_begin_accumulation, sf_grad_ready, sf_synchronize_start or
+ * sf_synchronize (also a failed one) was called, SF_ERR_INVALID_STATE and
+ * nothing changes. Registration, bucket set-up, sf_connect, sf_broadcast
+ * and the other control collectives may come before or after it. A second
+ * call before the first window replaces the first. Call it from the
+ * training thread, not while sf_grad_ready may run on another.
+ * @param windows_completed the saved sf_stats.windows_completed; negative
+ *        is SF_ERR_INVALID_ARGUMENT naming the value. Local: no
+ *        communication. Since 0.4.
+ */
+SF_API sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed);
 
 /* ---- CUDA / NCCL --------------------------------------------------------
  *

@@ -216,6 +216,10 @@ sf_status sf_get_stats(const sf_context* ctx, sf_stats* out) {
   });
 }
 
+sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed) {
+  return guard("sf_restore_windows", [&] { checked(ctx).restoreWindows(windows_completed); });
+}
+
 sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
                          int64_t* gradient_count, sf_dtype* dtype) {
   return guard("sf_bucket_info",

@@ -197,6 +197,25 @@ void Context::endAccumulation() {
   }
 }
 
+void Context::restoreWindows(int64_t windowsCompleted) {
+  if (windowsCompleted < 0) {
+    fail(SF_ERR_INVALID_ARGUMENT,
+         "windows_completed = " + std::to_string(windowsCompleted) +
+             " is negative; pass the saved run's sf_stats.windows_completed (0 or more)");
+  }
+  if (!clock_.restore(windowsCompleted)) {
+    fail(SF_ERR_INVALID_STATE,
+         "too late to restore windows_completed = " + std::to_string(windowsCompleted) +
+             ": this context already began a window or synchronized (windows begun " +
+             std::to_string(clock_.windowsBegun()) + ", completed " +
+             std::to_string(clock_.windowsCompleted()) +
+             "); call sf_restore_windows right after sf_create, before training resumes "
+             "(before the first sf_begin_accumulation, sf_grad_ready or sf_synchronize)");
+  }
+  SF_LOG(kInfo, "window", "restored " << windowsCompleted << " completed windows: the next "
+                          "window is number " << windowsCompleted + 1);
+}
+
 void Context::gradReady(int64_t id) {
   checkId(id);
   int64_t window = 0;
@@ -227,7 +246,7 @@ void Context::synchronize() {
          "gradients; call sf_end_accumulation first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t window = clock_.current();
+  const int64_t window = clock_.claim();
   const double t0Us = trace_ ? Tracer::nowUs() : 0;
   try {
     reducer_.synchronize(window);
@@ -355,7 +374,7 @@ void Context::synchronizeStart() {
          "sf_synchronize_start inside an accumulation window: the optimizer would step on "
          "unreduced gradients; call sf_end_accumulation first");
   }
-  reducer_.synchronizeStart(clock_.current());
+  reducer_.synchronizeStart(clock_.claim());
 }
 
 void Context::waitBucket(int64_t bucket) { reducer_.waitBucket(bucket); }

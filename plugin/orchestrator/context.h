@@ -65,6 +65,10 @@ class Context {
   // and the window that was open at the latest of them.
   int64_t refusedBegins() const { return clock_.refusedBegins(); }
   int64_t refusedBeginWindow() const { return clock_.refusedBeginWindow(); }
+  // sf_restore_windows: a resumed run continues the saved run's window count
+  // (the clock's restore). SF_ERR_INVALID_ARGUMENT for a negative count,
+  // SF_ERR_INVALID_STATE once a window call or synchronization used the clock.
+  void restoreWindows(int64_t windowsCompleted);
   // Something acts on this context's windows besides its registered
   // gradients (the shim for the default context, a host that asks
   // sf_in_accumulation): its windows are not "windows that affect nothing".

@@ -1,7 +1,8 @@
 // WindowClock (window_clock.h): the number a synchronization sends (rule
-// "an extra synchronization reuses the previous number"); the window calls,
-// rule "consecutive windows are one" among them (begin), are inline there.
-// No communication and no messages here.
+// "an extra synchronization reuses the previous number") and the restored
+// count of a resumed run; the window calls, rule "consecutive windows are
+// one" among them (begin), are inline there. No communication and no
+// messages here.
 
 #include "plugin/orchestrator/window_clock.h"
 
@@ -19,11 +20,35 @@ int64_t WindowClock::current() const {
   return last + 1;  // an implicit window of one micro-batch
 }
 
+int64_t WindowClock::claim() {
+  claimed_.store(true, std::memory_order_relaxed);
+  return current();
+}
+
 void WindowClock::synchronized(int64_t number) {
+  claimed_.store(true, std::memory_order_relaxed);
   lastNumber_.store(number, std::memory_order_relaxed);
   begunSinceSync_.store(0, std::memory_order_relaxed);
   readyOutsideSinceSync_.store(0, std::memory_order_relaxed);
   windowsCompleted_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool WindowClock::started() const {
+  // A begin counts in windowsBegun_, any grad-ready sets hostReportsReady_,
+  // a synchronization (also one that failed) claimed or completed a number.
+  return windowsBegun_.load(std::memory_order_acquire) > 0 ||
+         hostReportsReady_.load(std::memory_order_relaxed) ||
+         claimed_.load(std::memory_order_relaxed) || inWindow();
+}
+
+bool WindowClock::restore(int64_t completed) {
+  if (started()) return false;
+  // As if `completed` windows had been synchronized here, the last of them
+  // numbered `completed`: the next window is completed + 1 on every rank
+  // that restored the same count.
+  lastNumber_.store(completed, std::memory_order_relaxed);
+  windowsCompleted_.store(completed, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace sfsync

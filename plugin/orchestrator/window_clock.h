@@ -20,10 +20,19 @@
 //    gradients and reported none since the last synchronization, the
 //    synchronization is an extra one and claims the previous number again.
 //
+// Restarts (restore): a resumed run continues the saved run's count, as if
+// its `completed` windows had been synchronized by this clock: the count of
+// windows completed and the last number both become `completed`, so the next
+// window is number completed + 1. Only on a fresh clock (no begin, no
+// grad-ready, no number claimed for a synchronization yet): the numbers the
+// ranks already exchanged cannot be renumbered. The count has this one
+// owner; the Context only asks.
+//
 // Threads: grad-ready may come from any thread (autograd hooks), and every
 // counter is readable from any thread; the window calls themselves (begin,
-// end, synchronized) come from the host's one training thread and do not
-// race with each other.
+// end, synchronized, claim, restore) come from the host's one training
+// thread and do not race with each other (restore not with grad-ready
+// either: it precedes every window call).
 
 #include <atomic>
 #include <cstdint>
@@ -88,8 +97,20 @@ class WindowClock {
   }
   // The window a synchronization now would complete (the rules above).
   int64_t current() const;
+  // current(), for a synchronization that is about to send it (sf_synchronize,
+  // sf_synchronize_start): from now on the clock is started() even if that
+  // synchronization fails.
+  int64_t claim();
   // The synchronization of window `number` (what current() returned) succeeded.
   void synchronized(int64_t number);
+
+  // ---- Restarts -----------------------------------------------------------
+  // Whether a window call used the clock yet: a begin, a grad-ready (inside
+  // or outside a window), a claimed number or a synchronized one.
+  bool started() const;
+  // Continues a saved run of `completed` (>= 0, the caller checked) windows
+  // (see "Restarts" above). False, changing nothing, once started().
+  bool restore(int64_t completed);
 
   // ---- Counters, readable from any thread --------------------------------
   int64_t windowsBegun() const { return windowsBegun_.load(std::memory_order_acquire); }
@@ -110,6 +131,7 @@ class WindowClock {
   std::atomic<int64_t> readyOutsideSinceSync_{0};
   std::atomic<bool> hostReportsReady_{false};
   std::atomic<int64_t> readyInWindow_{0};  // grad-ready calls of the open window
+  std::atomic<bool> claimed_{false};       // a synchronization claimed or completed a number
 
   std::atomic<int64_t> windowsBegun_{0};
   std::atomic<int64_t> windowsEnded_{0};

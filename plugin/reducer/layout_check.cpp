@@ -9,6 +9,7 @@
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/reducer/agreement.h"
+#include "plugin/reducer/window_check.h"
 
 namespace sfsync {
 
@@ -29,11 +30,14 @@ std::string describe(int64_t signature) {
 }  // namespace
 
 void checkLayoutAcrossRanks(Backend& backend, const std::vector<Gradient>& grads,
-                            const LayoutClaim& claim) {
+                            const LayoutClaim& claim, int64_t window) {
   const int64_t g = int64_t(grads.size());
   const std::vector<int64_t> header = {g,           claim.buckets,  claim.capBytes,
                                        claim.firstCapBytes, claim.reduceOp, claim.shardLayout};
-  const std::vector<RankRange> h = agreeAcrossRanks(backend, header);
+  // The window number rides in the same collective, after the layout.
+  std::vector<int64_t> sent = header;
+  sent.push_back(window);
+  const std::vector<RankRange> h = agreeAcrossRanks(backend, sent);
   // The gradients every rank has, compared one by one.
   const int64_t minG = h[0].lo;
   std::vector<int64_t> s;
@@ -62,6 +66,8 @@ void checkLayoutAcrossRanks(Backend& backend, const std::vector<Gradient>& grads
     }
     fail(SF_ERR_MISMATCH, m.str());
   }
+  const RankRange& w = h[header.size()];
+  if (!w.agreed()) fail(SF_ERR_MISMATCH, outOfStepMessage(window, w.lo, w.hi));
 }
 
 }  // namespace sfsync

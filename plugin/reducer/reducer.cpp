@@ -103,7 +103,8 @@ void Reducer::start(size_t i, bool early) {
       backend.connect();
       checkLayoutAcrossRanks(backend, grads_,
                              {int64_t(plan_.size()), capBytes(capMb_), capBytes(firstCapMb_),
-                              opts_.reduce_op, int64_t(shard_)});
+                              opts_.reduce_op, int64_t(shard_)},
+                             window_);
     } catch (const Error& e) {
       failWith(e.status(), e.what());
     }

@@ -144,11 +144,16 @@ void WindowCheck::verify(const BucketBuffers& b, int64_t ownSegment, MemoryOps& 
     throw Error(e.status(), std::string("ranks are out of step (their window numbers differ) and "
                                         "gathering the numbers failed: ") + e.what());
   }
+  throw Error(SF_ERR_MISMATCH, outOfStepMessage(w, range.lo, range.hi));
+}
+
+std::string outOfStepMessage(int64_t window, int64_t lo, int64_t hi) {
   std::ostringstream m;
-  m << "ranks are out of step: this rank is synchronizing window " << w
-    << ", the ranks' window numbers range from " << range.lo << " to " << range.hi
-    << " (a rank skipped or added an sf_synchronize, or began more windows than the others)";
-  throw Error(SF_ERR_MISMATCH, m.str());
+  m << "ranks are out of step: this rank is synchronizing window " << window
+    << ", the ranks' window numbers range from " << lo << " to " << hi
+    << " (a rank skipped or added an sf_synchronize, began more windows than the others, or "
+       "restored another count with sf_restore_windows)";
+  return m.str();
 }
 
 }  // namespace sfsync

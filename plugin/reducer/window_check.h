@@ -16,6 +16,7 @@
 // variance): either every rank sees a difference or none does.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "plugin/backend/backend.h"
@@ -24,6 +25,11 @@
 #include "sfsync.h"
 
 namespace sfsync {
+
+// The out-of-step error's message (SF_ERR_MISMATCH): this rank's window
+// number and the range of the ranks' numbers. The window check's, and the
+// layout check's exact comparison of the first window (layout_check.h).
+std::string outOfStepMessage(int64_t window, int64_t lo, int64_t hi);
 
 class WindowCheck {
  public:

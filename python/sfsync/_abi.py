@@ -239,6 +239,7 @@ PROTOTYPES = {
     "sf_get_stats": _fn(_STATUS, [_P, _c.POINTER(Stats)]),
     "sf_bucket_info": _fn(_STATUS, [_P, _c.c_int64, _c.POINTER(_c.c_int64),
                                     _c.POINTER(_c.c_int64), _c.POINTER(_c.c_int32)]),
+    "sf_restore_windows": _fn(_STATUS, [_P, _c.c_int64], "0.4"),
     "sf_backend_available": _fn(_STATUS, [_c.c_int32]),
     "sf_set_cuda_stream": _fn(_STATUS, [_P, _c.c_void_p]),
     "sf_adopt_nccl_comm": _fn(_STATUS, [_P, _c.c_void_p]),

@@ -432,6 +432,14 @@ class Context:
         lib().sf_get_stats(self.handle, ctypes.byref(out))
         return out.to_dict()
 
+    def restore_windows(self, windows_completed):
+        """sf_restore_windows (Since 0.4): continue a saved run's window count
+        (its ``stats()["windows_completed"]``), on every rank with the same
+        number, before the first window or synchronization of this context.
+        Raises InvalidArgumentError for a negative count and
+        InvalidStateError once a window began or a synchronization ran."""
+        lib().sf_restore_windows(self.handle, int(windows_completed))
+
     def bucket_info(self, index):
         """sf_bucket_info: {"bytes", "gradient_count", "dtype"} of bucket ``index``."""
         nbytes, count, dtype = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int32()

@@ -667,6 +667,26 @@ class WindowMisuse(unittest.TestCase):
             with self.assertRaisesRegex(sfsync.InvalidStateError, "no gradient is registered"):
                 empty.synchronize()
 
+    def test_restore_windows(self):
+        """Context.restore_windows (sf_restore_windows, Since 0.4): the count
+        goes on from the restored one; a negative count and a call after the
+        first synchronization raise, naming the value / saying when to call."""
+        with self.assertRaisesRegex(sfsync.InvalidArgumentError,
+                                    r"^sf_restore_windows: windows_completed = -2 is negative"):
+            self.ctx.restore_windows(-2)
+        self.ctx.restore_windows(40)
+        self.assertEqual(self.ctx.stats()["windows_completed"], 40)
+        with self.ctx.accumulate():
+            pass
+        self.ctx.synchronize()
+        s = self.ctx.stats()
+        self.assertEqual((s["windows_completed"], s["windows_begun"]), (41, 1))
+        with self.assertRaisesRegex(sfsync.InvalidStateError, r"^sf_restore_windows: too late .*"
+                                    r"right after sf_create, before training resumes") as cm:
+            self.ctx.restore_windows(3)
+        self.assertEqual(cm.exception.status, sfsync.ERR_INVALID_STATE)
+        self.assertEqual(self.ctx.stats()["windows_completed"], 41)
+
     def test_closed_context(self):
         self.ctx.close()
         self.ctx.close()  # idempotent
@@ -960,6 +980,20 @@ class TwoRanksInOneProcess(unittest.TestCase):
                 self.assertEqual(inside, stats["bucket_count"] * window)
                 self.assertEqual(stats["collectives_issued"], stats["bucket_count"] * (window + 1))
                 self.assertEqual(stats["bytes_reduced"], 4 * 5307 * (window + 1))
+
+    def test_different_restored_counts_fail_on_every_rank(self):
+        def body(ctx, rank):
+            ctx.add_gradient(10, name="w")
+            ctx.restore_windows(8 if rank == 0 else 9)
+            ctx.synchronize()
+
+        results, errors = self.run_ranks(body)
+        for rank in (0, 1):
+            e = errors[rank]
+            self.assertIsInstance(e, sfsync.MismatchError, "rank %d: %r" % (rank, e))
+            self.assertRegex(e.message, r"^sf_synchronize: ranks are out of step: this rank is "
+                             r"synchronizing window %d, the ranks' window numbers range from 9 "
+                             r"to 10" % (9 + rank))
 
     def test_layout_mismatch_fails_on_every_rank(self):
         def body(ctx, rank):

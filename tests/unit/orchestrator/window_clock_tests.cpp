@@ -6,6 +6,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <string>
 
 #include "plugin/orchestrator/window_clock.h"
 
@@ -168,6 +169,81 @@ BOOST_AUTO_TEST_CASE(a_refused_begin_changes_nothing_but_its_counters) {
   BOOST_TEST(d.refuseBegin() == 2);
   BOOST_TEST(d.refusedBeginWindow() == 2);
   BOOST_TEST(d.refusedBegins() == 3);
+}
+
+// Restarts: a resumed run's clock continues the saved count. The count of
+// windows completed and the numbers go on from it; the begins counted are
+// this clock's own. Broken restore (the count only, not the number): the
+// first synchronization would send 1, not 42.
+BOOST_AUTO_TEST_CASE(a_restored_clock_continues_the_count_and_the_numbers) {
+  WindowClock c;
+  BOOST_TEST(!c.started());
+  BOOST_TEST(c.restore(41));
+  BOOST_TEST(c.windowsCompleted() == 41);
+  BOOST_TEST(c.current() == 42);
+  BOOST_TEST(!c.started());  // restoring is not a window call
+  for (int64_t k = 42; k <= 44; ++k) {
+    window(c, 2, 3);
+    for (int g = 0; g < 3; ++g) BOOST_TEST(ready(c) == k);
+    BOOST_TEST(sync(c) == k);
+  }
+  BOOST_TEST(c.windowsCompleted() == 44);
+  BOOST_TEST(c.windowsBegun() == 3);
+  // The numbering rules apply from the restored number on: an extra
+  // synchronization reuses 44, the next window is 45.
+  BOOST_TEST(sync(c) == 44);
+  BOOST_TEST(c.windowsCompleted() == 45);
+  window(c, 1, 3);
+  BOOST_TEST(sync(c) == 45);
+}
+
+// In a host that reports nothing, each synchronization is one more, from
+// the restored number; a second restore before any window call replaces the
+// first, and restoring 0 is a fresh clock.
+BOOST_AUTO_TEST_CASE(a_second_restore_before_the_first_window_replaces_the_first) {
+  WindowClock c;
+  BOOST_TEST(c.restore(1000));
+  BOOST_TEST(c.restore(7));
+  BOOST_TEST(c.windowsCompleted() == 7);
+  BOOST_TEST(sync(c) == 8);
+  BOOST_TEST(sync(c) == 9);
+  BOOST_TEST(c.windowsCompleted() == 9);
+  WindowClock z;
+  BOOST_TEST(z.restore(0));
+  BOOST_TEST(sync(z) == 1);
+  BOOST_TEST(z.windowsCompleted() == 1);
+}
+
+// Once a window call used the clock (a begin, a grad-ready inside or
+// outside a window, a number claimed by a synchronization, also one that
+// then failed) the numbers may already be on the wire: restore refuses and
+// changes nothing.
+BOOST_AUTO_TEST_CASE(restore_is_refused_once_the_clock_started) {
+  const char* starters[] = {"begin", "grad-ready outside", "grad-ready inside", "claim",
+                            "synchronized"};
+  for (const char* what : starters) {
+    BOOST_TEST_CONTEXT(what) {
+      WindowClock c;
+      const std::string w = what;
+      int64_t claimed = -1;
+      if (w == "begin") c.begin();
+      if (w == "grad-ready outside") BOOST_TEST(ready(c) == 1);
+      if (w == "grad-ready inside") {
+        c.begin();
+        BOOST_TEST(ready(c) == -1);
+        c.end(1);
+      }
+      if (w == "claim") claimed = c.claim();  // a synchronization that failed
+      if (w == "synchronized") BOOST_TEST(sync(c) == 1);
+      BOOST_TEST(c.started());
+      const int64_t completed = c.windowsCompleted();
+      const int64_t next = c.current();
+      BOOST_TEST(!c.restore(50));
+      BOOST_TEST(c.windowsCompleted() == completed);
+      BOOST_TEST(c.current() == next);
+      if (w == "claim") BOOST_TEST(claimed == 1);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
