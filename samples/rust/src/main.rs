@@ -17,11 +17,16 @@
 //!   - exactly bucket_count collectives and gradient_bytes bytes per window.
 //! Any failed check makes the exit status 1; an sfsync error makes it 2.
 //!
-//! `--shard flat|parameter` trains with a sharded AdamW instead (sharded.rs).
+//! `--shard flat|parameter` trains with a sharded AdamW instead (sharded.rs),
+//! which can also stop after K windows with a checkpoint per rank
+//! (`--stop-after K --checkpoint PREFIX`) and resume from it in new
+//! processes (`--resume PREFIX`, sf_restore_windows); a checkpoint that does
+//! not fit the run makes the exit status 3.
 //!
 //! Run one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 //! set (sfsync-run -n 2 -- sfsync_trainer), or alone for world size 1.
 
+mod checkpoint;
 mod model;
 mod sfsync;
 mod sharded;
@@ -34,7 +39,8 @@ use sfsync::{Api, Context, SfError, SfStats, SF_DTYPE_FLOAT32, SF_DTYPE_FLOAT64}
 
 const USAGE: &str = "usage: sfsync_trainer [--windows W] [--micro-batches N] [--batch B] [--lr LR]
                       [--tolerance T] [--seed S] [--bucket-cap-mb MB] [--first-bucket-cap-mb MB]
-                      [--shard flat|parameter]
+                      [--shard flat|parameter [--stop-after K --checkpoint PREFIX]
+                       [--resume PREFIX] [--weights-out PREFIX] [--expect-weights PREFIX]]
 Environment: SFSYNC_LIBRARY (default libsfsync.so.1), RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT and the SF_* variables of include/sfsync.h.";
 
@@ -48,6 +54,29 @@ struct Args {
     bucket_cap_mb: f64,
     first_bucket_cap_mb: f64,
     shard: Option<i32>,
+    /// Sharded only: train windows [0, K) (or from the checkpoint on), then
+    /// write PREFIX.rank<R>.ckpt.
+    stop_after: Option<usize>,
+    checkpoint: Option<String>,
+    /// Sharded only: continue from PREFIX.rank<R>.ckpt.
+    resume: Option<String>,
+    /// Sharded only: write / compare bitwise the final weights (PREFIX.rank<R>.weights).
+    weights_out: Option<String>,
+    expect_weights: Option<String>,
+}
+
+/// Why a run stopped: an sfsync call failed (exit status 2), or a
+/// checkpoint could not be written, read or used (exit status 3).
+#[derive(Debug)]
+enum RunError {
+    Sf(SfError),
+    Checkpoint(String),
+}
+
+impl From<SfError> for RunError {
+    fn from(e: SfError) -> RunError {
+        RunError::Sf(e)
+    }
 }
 
 /// Which tensors are float32 (w1, b1); the others are float64.
@@ -66,6 +95,11 @@ fn parse_args() -> Result<Args, String> {
         bucket_cap_mb: 0.002,
         first_bucket_cap_mb: 0.001,
         shard: None,
+        stop_after: None,
+        checkpoint: None,
+        resume: None,
+        weights_out: None,
+        expect_weights: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -90,11 +124,28 @@ fn parse_args() -> Result<Args, String> {
                     _ => return Err(bad("flat or parameter")),
                 })
             }
+            "--stop-after" => a.stop_after = Some(value.parse().map_err(|_| bad("a count"))?),
+            "--checkpoint" => a.checkpoint = Some(value),
+            "--resume" => a.resume = Some(value),
+            "--weights-out" => a.weights_out = Some(value),
+            "--expect-weights" => a.expect_weights = Some(value),
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
     if a.windows == 0 || a.micro_batches == 0 || a.batch == 0 {
         return Err("--windows, --micro-batches and --batch must be at least 1".into());
+    }
+    let restart = a.stop_after.is_some() || a.checkpoint.is_some() || a.resume.is_some() || a.weights_out.is_some() || a.expect_weights.is_some();
+    if restart && a.shard.is_none() {
+        return Err("--stop-after, --checkpoint, --resume, --weights-out and --expect-weights need --shard".into());
+    }
+    if a.stop_after.is_some() != a.checkpoint.is_some() {
+        return Err("--stop-after K and --checkpoint PREFIX go together".into());
+    }
+    if let Some(k) = a.stop_after {
+        if k == 0 || k >= a.windows {
+            return Err(format!("--stop-after {k} must be at least 1 and below --windows {}", a.windows));
+        }
     }
     Ok(a)
 }
@@ -289,7 +340,7 @@ fn reduce_name(op: i32) -> &'static str {
     }
 }
 
-fn run(api: &Api, args: &Args, checks: &mut Checks) -> Result<(), SfError> {
+fn run(api: &Api, args: &Args, checks: &mut Checks) -> Result<(), RunError> {
     if let Some(layout) = args.shard {
         return sharded::run(api, args, layout, checks);
     }
@@ -429,9 +480,16 @@ fn main() -> ExitCode {
         }
     };
     let mut checks = Checks::default();
-    if let Err(e) = run(&api, &args, &mut checks) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
+    match run(&api, &args, &mut checks) {
+        Ok(()) => {}
+        Err(RunError::Sf(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+        Err(RunError::Checkpoint(why)) => {
+            eprintln!("error: {why}");
+            return ExitCode::from(3);
+        }
     }
     if checks.failures.is_empty() {
         println!("OK: {} checks passed", checks.passed);

@@ -159,6 +159,8 @@ pub struct Api {
     bucket_info: unsafe extern "C" fn(Ctx, i64, *mut i64, *mut i64, *mut i32) -> Status,
     /// The sharded-window calls (Since 0.3): None from an older library.
     pub shard: Option<ShardApi>,
+    /// sf_restore_windows (Since 0.4): None from an older library.
+    restore_windows: Option<unsafe extern "C" fn(Ctx, i64) -> Status>,
     _lib: Library,
 }
 
@@ -173,6 +175,7 @@ pub struct ShardApi {
     wait_bucket: unsafe extern "C" fn(Ctx, i64) -> Status,
     start_gather: unsafe extern "C" fn(Ctx, i64) -> Status,
     wait_gather: unsafe extern "C" fn(Ctx, i64) -> Status,
+    allreduce_float64: unsafe extern "C" fn(Ctx, *mut f64, i64) -> Status,
 }
 
 impl Api {
@@ -247,8 +250,10 @@ impl Api {
                     wait_bucket: opt_sym!("sf_wait_bucket")?,
                     start_gather: opt_sym!("sf_start_gather")?,
                     wait_gather: opt_sym!("sf_wait_gather")?,
+                    allreduce_float64: opt_sym!("sf_allreduce_float64")?,
                 })
             })(),
+            restore_windows: opt_sym!("sf_restore_windows"),
             _lib: lib,
         })
     }
@@ -459,6 +464,26 @@ impl<'a> Context<'a> {
     pub fn wait_gather(&self, bucket: i64) -> Result<(), SfError> {
         let s = self.shard_api("sf_wait_gather")?;
         self.api.check("sf_wait_gather", unsafe { (s.wait_gather)(self.raw, bucket) })
+    }
+
+    /// sf_allreduce_float64: `values` replaced by their sum over ranks
+    /// (collective; every rank passes as many values).
+    pub fn allreduce_float64(&self, values: &mut [f64]) -> Result<(), SfError> {
+        let s = self.shard_api("sf_allreduce_float64")?;
+        let status = unsafe { (s.allreduce_float64)(self.raw, values.as_mut_ptr(), values.len() as i64) };
+        self.api.check("sf_allreduce_float64", status)
+    }
+
+    /// sf_restore_windows (Since 0.4): continue a saved run's window count
+    /// (its sf_stats.windows_completed), before this context's first window.
+    pub fn restore_windows(&self, windows_completed: i64) -> Result<(), SfError> {
+        let f = self.api.restore_windows.ok_or_else(|| SfError {
+            call: "sf_restore_windows",
+            status: 6, // SF_ERR_UNSUPPORTED
+            status_text: "unsupported".into(),
+            message: format!("sf_restore_windows: {} is older than sfsync 0.4 (no restarts)", self.api.path),
+        })?;
+        self.api.check("sf_restore_windows", unsafe { f(self.raw, windows_completed) })
     }
 
     /// (bytes, gradient count, dtype) of bucket `index`.

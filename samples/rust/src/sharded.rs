@@ -17,10 +17,24 @@
 //! the tolerance, no collective inside the window, one reduce-scatter and
 //! one all-gather per bucket, and this rank's optimizer state at most 1/W of
 //! the full one plus the layout's padding.
+//!
+//! Save and resume (checkpoint.rs): `--stop-after K --checkpoint PREFIX`
+//! stops after window K and each rank writes its own file (its parameters,
+//! the AdamW state of its ranges, the shape of the run and the window count
+//! from sf_get_stats); `--resume PREFIX` loads this rank's file into a new
+//! context, checks that it fits (rank, world size, layout, buckets, ranges;
+//! the ranks agree on the verdict with one sf_allreduce_float64, so a bad
+//! file on one rank stops every rank, each naming what it found), calls
+//! sf_restore_windows with the saved count, replays the reference up to it,
+//! and trains the remaining windows. `--weights-out` / `--expect-weights
+//! PREFIX` write / compare the final weights bitwise (one file per rank).
 
-use crate::model::{loss_and_grad, micro_batch, Params, NUMEL};
-use crate::sfsync::{Api, SfError, SF_SHARD_FLAT};
-use crate::{Args, Checks, Trainer, DTYPES_F32};
+use std::fs;
+
+use crate::checkpoint::{self, Checkpoint, RangeState, RunShape, TensorRecord};
+use crate::model::{loss_and_grad, micro_batch, Params, NAMES, NUMEL};
+use crate::sfsync::{Api, SF_DTYPE_FLOAT32, SF_DTYPE_FLOAT64, SF_SHARD_FLAT};
+use crate::{Args, Checks, RunError, Trainer, DTYPES_F32};
 
 const BETA1: f64 = 0.9;
 const BETA2: f64 = 0.999;
@@ -86,6 +100,90 @@ impl Param {
     }
 }
 
+/// The reference's window `w`: the same data, the full AdamW in float64,
+/// its forward on the weights rounded to each tensor's dtype.
+fn reference_window(reference: &mut Params, rm: &mut [Vec<f64>], rv: &mut [Vec<f64>], args: &Args, world: usize, w: usize) {
+    let n = args.micro_batches;
+    let scale = 1.0 / n as f64;
+    let fwd = rounded(reference);
+    let mut sum: [Vec<f64>; 4] = NUMEL.map(|n| vec![0.0; n]);
+    for r in 0..world {
+        for m in 0..n {
+            let (_, g) = loss_and_grad(&fwd, &micro_batch(args.seed, r, w, m, args.batch));
+            for t in 0..4 {
+                for (s, v) in sum[t].iter_mut().zip(&g[t]) {
+                    *s += scale * v / world as f64;
+                }
+            }
+        }
+    }
+    for t in 0..4 {
+        adamw(&mut reference.t[t], &sum[t], &mut rm[t], &mut rv[t], w as i32 + 1, args.lr);
+    }
+}
+
+/// The weights as this rank holds them, in each tensor's dtype, as bytes.
+fn weight_bytes(params: &[Param]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (t, p) in params.iter().enumerate() {
+        for x in p.read(NUMEL[t]) {
+            if DTYPES_F32[t] {
+                out.extend_from_slice(&(x as f32).to_le_bytes());
+            } else {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// Where two weight files first differ: (tensor, element).
+fn first_difference(a: &[u8], b: &[u8]) -> Option<(usize, usize)> {
+    let mut at = 0;
+    for t in 0..4 {
+        let width = if DTYPES_F32[t] { 4 } else { 8 };
+        for e in 0..NUMEL[t] {
+            if a.get(at..at + width) != b.get(at..at + width) {
+                return Some((t, e));
+            }
+            at += width;
+        }
+    }
+    None
+}
+
+/// Load this rank's checkpoint and check it against the run; then every
+/// rank learns whether every rank's was good (one small collective), so
+/// that no rank trains on while another stopped.
+fn load_agreed(ctx: &crate::sfsync::Context, prefix: &str, now: &RunShape, args: &Args) -> Result<Checkpoint, RunError> {
+    let (rank, world) = (now.rank as usize, now.world_size as usize);
+    let file = checkpoint::path(prefix, rank);
+    let loaded = Checkpoint::load(&file).and_then(|c| c.matches(now, args.windows).map(|()| c));
+    if let Err(why) = &loaded {
+        eprintln!("error: checkpoint {file}: {why}");
+    }
+    let mut bad = vec![0.0; world];
+    bad[rank] = if loaded.is_err() { 1.0 } else { 0.0 };
+    ctx.allreduce_float64(&mut bad)?;
+    let refused: Vec<String> = (0..world).filter(|&r| bad[r] != 0.0).map(|r| r.to_string()).collect();
+    if !refused.is_empty() {
+        return Err(RunError::Checkpoint(format!(
+            "resume refused on every rank: the checkpoint of rank(s) {} does not fit this run (each says why above)",
+            refused.join(", ")
+        )));
+    }
+    let c = loaded.expect("agreed good");
+    // Every rank must continue from the same window count (sf_restore_windows
+    // would catch a difference at the first synchronization; say it here).
+    let mut counts = vec![0.0; world];
+    counts[rank] = c.windows_completed as f64;
+    ctx.allreduce_float64(&mut counts)?;
+    if counts.iter().any(|&k| k != c.windows_completed as f64) {
+        return Err(RunError::Checkpoint(format!("resume refused on every rank: the ranks' checkpoints hold different window counts {counts:?}")));
+    }
+    Ok(c)
+}
+
 fn rounded(p: &Params) -> Params {
     let mut q = p.clone();
     for t in 0..4 {
@@ -98,7 +196,7 @@ fn rounded(p: &Params) -> Params {
     q
 }
 
-pub fn run(api: &Api, args: &Args, layout: i32, checks: &mut Checks) -> Result<(), SfError> {
+pub fn run(api: &Api, args: &Args, layout: i32, checks: &mut Checks) -> Result<(), RunError> {
     let trainer = Trainer::new(api, args, Some(layout))?;
     let ctx = &trainer.ctx;
     let opts = ctx.options()?;
@@ -107,17 +205,27 @@ pub fn run(api: &Api, args: &Args, layout: i32, checks: &mut Checks) -> Result<(
     let init = Params::init(args.seed);
     let mut params = Vec::new();
     let mut shards = Vec::new();
+    let mut records = Vec::new();
     for (t, g) in trainer.grads.iter().enumerate() {
         let ptr = ctx.parameter_data(g.id)?;
         let p = if DTYPES_F32[t] { Param::F32(ptr as *mut f32) } else { Param::F64(ptr as *mut f64) };
         p.write(0, &init.t[t]); // every rank starts from the same weights
         let (off, cnt) = ctx.shard_range(g.id)?;
+        let bucket = ctx.gradient_bucket(g.id)?;
+        records.push(TensorRecord {
+            name: NAMES[t].into(),
+            numel: NUMEL[t] as i64,
+            dtype: if DTYPES_F32[t] { SF_DTYPE_FLOAT32 } else { SF_DTYPE_FLOAT64 },
+            bucket,
+            offset: off,
+            count: cnt,
+        });
         let (off, cnt) = (off as usize, cnt as usize);
         checks.expect(off + cnt <= NUMEL[t], format!("shard range of tensor {t}: [{off}, {}) past {}", off + cnt, NUMEL[t]));
         if cnt > 0 {
             shards.push(Shard {
                 tensor: t,
-                bucket: ctx.gradient_bucket(g.id)?,
+                bucket,
                 offset: off,
                 master: init.t[t][off..off + cnt].to_vec(),
                 m: vec![0.0; cnt],
@@ -126,6 +234,7 @@ pub fn run(api: &Api, args: &Args, layout: i32, checks: &mut Checks) -> Result<(
         }
         params.push(p);
     }
+    let shape = RunShape { world_size: world as i32, rank: rank as i32, layout, buckets, tensors: records };
     // Optimizer state: 2 values per owned element; the full AdamW's is 2 per
     // element of the model. Padding: a 64-byte alignment per bucket (flat),
     // whole tensors (parameter).
@@ -135,7 +244,7 @@ pub fn run(api: &Api, args: &Args, layout: i32, checks: &mut Checks) -> Result<(
     checks.expect(owned <= total / world + 1 + slack, format!("this rank owns {owned} of {total} elements, more than 1/{world} + {slack}"));
     println!(
         "sharded ({}): rank {rank} of {world}, {buckets} buckets, owns {owned} of {total} elements ({} ranges), AdamW state {} B vs the full {} B",
-        if layout == SF_SHARD_FLAT { "flat" } else { "parameter" },
+        checkpoint::layout_name(layout),
         shards.len(),
         owned * 16,
         total * 16
@@ -143,10 +252,36 @@ pub fn run(api: &Api, args: &Args, layout: i32, checks: &mut Checks) -> Result<(
 
     let mut reference = init.clone();
     let (mut rm, mut rv): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (NUMEL.map(|n| vec![0.0; n]).to_vec(), NUMEL.map(|n| vec![0.0; n]).to_vec());
+    // Resume: this rank's parameters and ranges' state from its file, the
+    // window count into sfsync, the reference replayed up to it.
+    let first = match &args.resume {
+        None => 0,
+        Some(prefix) => {
+            let c = load_agreed(ctx, prefix, &shape, args)?;
+            for t in 0..4 {
+                params[t].write(0, &c.params[t]);
+            }
+            for s in shards.iter_mut() {
+                let st: &RangeState = &c.state[s.tensor];
+                s.master.clone_from(&st.master);
+                s.m.clone_from(&st.m);
+                s.v.clone_from(&st.v);
+            }
+            ctx.restore_windows(c.windows_completed)?;
+            checks.eq("windows completed after sf_restore_windows", ctx.stats()?.windows_completed, c.windows_completed);
+            for w in 0..c.windows_completed as usize {
+                reference_window(&mut reference, &mut rm, &mut rv, args, world, w);
+            }
+            println!("resumed from {} after window {} (sf_restore_windows({}))", checkpoint::path(prefix, rank), c.windows_completed - 1, c.windows_completed);
+            c.windows_completed as usize
+        }
+    };
+    let last = args.stop_after.unwrap_or(args.windows);
+
     let n = args.micro_batches;
     let scale = 1.0 / n as f64;
     let mut worst = 0.0f64;
-    for w in 0..args.windows {
+    for w in first..last {
         let mut current = Params::init(args.seed);
         for t in 0..4 {
             current.t[t] = params[t].read(NUMEL[t]);
@@ -185,26 +320,12 @@ pub fn run(api: &Api, args: &Args, layout: i32, checks: &mut Checks) -> Result<(
         checks.eq(&format!("window {w}: reduce-scatters"), s2.reduce_scatters - s0.reduce_scatters, buckets);
         checks.eq(&format!("window {w}: all-gathers"), s2.all_gathers - s0.all_gathers, buckets);
         checks.eq(&format!("window {w}: windows completed"), s2.windows_completed - s0.windows_completed, 1);
+        checks.eq(&format!("window {w}: windows completed in all"), s2.windows_completed, w as i64 + 1);
         let gathered = s2.bytes_gathered - s0.bytes_gathered;
         checks.expect(gathered >= s2.gradient_bytes, format!("window {w}: {gathered} bytes gathered < {} parameter bytes", s2.gradient_bytes));
         ctx.zero_gradients()?;
 
-        // The reference: the same data, the full AdamW in float64.
-        let fwd = rounded(&reference);
-        let mut sum: [Vec<f64>; 4] = NUMEL.map(|n| vec![0.0; n]);
-        for r in 0..world {
-            for m in 0..n {
-                let (_, g) = loss_and_grad(&fwd, &micro_batch(args.seed, r, w, m, args.batch));
-                for t in 0..4 {
-                    for (s, v) in sum[t].iter_mut().zip(&g[t]) {
-                        *s += scale * v / world as f64;
-                    }
-                }
-            }
-        }
-        for t in 0..4 {
-            adamw(&mut reference.t[t], &sum[t], &mut rm[t], &mut rv[t], w as i32 + 1, args.lr);
-        }
+        reference_window(&mut reference, &mut rm, &mut rv, args, world, w);
         let want = rounded(&reference);
         let mut got = want.clone();
         for t in 0..4 {
@@ -221,8 +342,41 @@ pub fn run(api: &Api, args: &Args, layout: i32, checks: &mut Checks) -> Result<(
         );
     }
     println!(
-        "parity (sharded AdamW): max |w - w_ref| = {worst:.3e} over {} windows x {n} micro-batches x {world} ranks (tolerance {:.1e})",
-        args.windows, args.tolerance
+        "parity (sharded AdamW): max |w - w_ref| = {worst:.3e} over windows {first}..{} x {n} micro-batches x {world} ranks (tolerance {:.1e})",
+        last.saturating_sub(1),
+        args.tolerance
     );
+
+    if let Some(prefix) = &args.checkpoint {
+        // Stopped after window `last - 1`: this rank's file.
+        let windows_completed = ctx.stats()?.windows_completed;
+        checks.eq("windows completed at the checkpoint", windows_completed, last as i64);
+        let mut state = vec![RangeState::default(); 4];
+        for s in &shards {
+            state[s.tensor] = RangeState { master: s.master.clone(), m: s.m.clone(), v: s.v.clone() };
+        }
+        let c = Checkpoint { shape, windows_completed, params: (0..4).map(|t| params[t].read(NUMEL[t])).collect(), state };
+        let file = checkpoint::path(prefix, rank);
+        c.save(&file).map_err(|e| RunError::Checkpoint(format!("cannot write {file}: {e}")))?;
+        println!("checkpoint: {file} after window {} (windows_completed {windows_completed}, {owned} owned elements' AdamW state)", last - 1);
+    }
+    let weights = weight_bytes(&params);
+    if let Some(prefix) = &args.weights_out {
+        let file = format!("{prefix}.rank{rank}.weights");
+        fs::write(&file, &weights).map_err(|e| RunError::Checkpoint(format!("cannot write {file}: {e}")))?;
+        println!("weights: {file} ({} bytes)", weights.len());
+    }
+    if let Some(prefix) = &args.expect_weights {
+        let file = format!("{prefix}.rank{rank}.weights");
+        let want = fs::read(&file).map_err(|e| RunError::Checkpoint(format!("cannot read {file}: {e}")))?;
+        match first_difference(&weights, &want) {
+            None if weights.len() == want.len() => {
+                checks.expect(true, String::new());
+                println!("weights: bitwise equal to {file} ({} bytes)", want.len());
+            }
+            None => checks.expect(false, format!("weights: {} bytes, {file} has {}", weights.len(), want.len())),
+            Some((t, e)) => checks.expect(false, format!("weights: {}[{e}] differs from {file} (the first difference)", NAMES[t])),
+        }
+    }
     Ok(())
 }
