@@ -200,6 +200,9 @@ def case_resize(c, a, b, how, layout, ref):
         same_on_ranks(c, what, flat(model), wb.pg)
         c.that(sync.windows == K, "%s: windows %d at the end, expected %d"
                % (what, sync.windows, K))
+        plugin = sync.stats()["windows_completed"]  # (sf_restore_windows at the load)
+        c.that(plugin == K, "%s: the plugin's windows_completed %d at the end, expected %d"
+               % (what, plugin, K))
         out = "%s %.1e" % (what, diff)
         sync.close()
     dist.barrier()

@@ -140,6 +140,23 @@ class WindowFace:
                 "checks": self._verifier.checks if self._verifier is not None else 0}
 
 
+    def _restore_plugin_windows(self, who, windows):
+        """The plugin's own count (stats' windows_completed, the window
+        numbers its out-of-step check compares) goes on from the saved one
+        too (sf_restore_windows), when this context has not started yet."""
+        ctx = getattr(self, "context", None)
+        if ctx is None or not hasattr(ctx, "restore_windows"):
+            return
+        stats = ctx.stats()
+        if stats["windows_completed"] or stats["windows_begun"]:
+            log(sfsync.LOG_INFO, "%s: the plugin has synchronized %d windows already: its "
+                "count goes on from there" % (who, stats["windows_completed"]))
+            return
+        try:
+            ctx.restore_windows(windows)
+        except (sfsync.SfError, AttributeError) as e:  # (a library before 0.4; a started clock)
+            log(sfsync.LOG_WARN, "%s: the plugin's window count starts afresh: %s" % (who, e))
+
     def _face_load_state_dict(self, kind, state):
         """load_state_dict() of GradientSync and DDPSync: ValueError naming the
         key for a state that is not one of ours or does not fit this object."""
@@ -169,6 +186,7 @@ class WindowFace:
             log(sfsync.LOG_INFO, "%s: verify_every was %r, is now %r" % (
                 who, state.get("verify_every"), self._verify_every))
         self.windows = state["windows"]
+        self._restore_plugin_windows(who, state["windows"])
         self._last_verified = state["last_verified"]
         if self._verifier is not None:
             self._verifier.checks = state["checks"]
