@@ -96,7 +96,7 @@ class StateDictLoading:
         saved_ranges = (meta or {}).get("ranges") or {}
         # a per-rank form saved elsewhere (not this optimizer's own dict that
         # dcp.load filled): its "sfsync" says whose ranges it holds
-        elsewhere = (meta or {}).get("form") == _FORM and id(sd) != self._issued and \
+        elsewhere = (meta or {}).get("form") == _FORM and id(sd) not in self._issued and \
             any(meta.get(k) != v for k, v in (("rank", self._sync.rank),
                                                ("world_size", self._sync.world_size),
                                                ("layout", self._sync.shard_layout)))

@@ -62,11 +62,40 @@ def consolidate_state_dict(optimizer, to=0):
         consolidate(to=to)
 
 
+class _Reader(io.RawIOBase):
+    """A read-only file over a memoryview (torch.load reads the received
+    bytes in place: io.BytesIO would copy them first)."""
+
+    def __init__(self, view):
+        super().__init__()
+        self._view, self._at = view.cast("B"), 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def readinto(self, b):
+        n = min(len(b), len(self._view) - self._at)
+        b[:n] = self._view[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._view)}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self):
+        return self._at
+
+
 class ShardedStateDicts(StateDictLoading):
     """SyncOptimizer's state dicts (see the module docstring)."""
 
     _consolidated = None  # (rank, steps, full form) after consolidate_state_dict
-    _issued = None        # id() of the last sharded state_dict() returned
+    _issued = ()          # id()s of the last sharded state_dict()s returned
 
     # -- where a save or load may happen
 
@@ -126,7 +155,8 @@ class ShardedStateDicts(StateDictLoading):
                                params=list(range(start, start + len(slots)))))
             start += len(slots)
         out = {"state": state, "param_groups": groups, "sfsync": self._meta()}
-        self._issued = id(out)  # filled in place by dcp.load: its "sfsync" is another rank's
+        # dcp.load fills one of these in place, its "sfsync" then another rank's
+        self._issued = (self._issued + (id(out),))[-4:]
         return out
 
     def _piece_out(self, s, key, v):
@@ -208,32 +238,31 @@ class ShardedStateDicts(StateDictLoading):
                 pieces[s.index] = (s.offset, s.count, st)
         buf = io.BytesIO()
         torch.save(pieces, buf)
-        payload = buf.getvalue()
+        del pieces
+        payload = buf.getbuffer()  # (sent as it is: no copy of this rank's part)
         sizes = torch.zeros(world, dtype=torch.float64)
-        sizes[sync.rank] = len(payload)
+        sizes[sync.rank] = payload.nbytes
         shard.allreduce_float64(ctx, sizes)
         keep = to is None or to == sync.rank
-        every = {}
+        slots = {s.index: s for s in self._full_index()}
+        entries = {}  # slot index -> the full entry, filled piece by piece as they arrive
         for r in range(world):
-            data = torch.zeros(int(sizes[r]), dtype=torch.uint8)
             if r == sync.rank:
-                data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+                data = torch.frombuffer(payload, dtype=torch.uint8) if payload.nbytes else \
+                    torch.zeros(0, dtype=torch.uint8)
+            else:
+                data = torch.empty(int(sizes[r]), dtype=torch.uint8)
             if world > 1 and data.numel():
                 ctx.broadcast(data, r)
-            if not keep:
+            if not keep or not data.numel():
                 continue
-            got = torch.load(io.BytesIO(data.numpy().tobytes())) if data.numel() else {}
-            for index, piece in got.items():
-                every.setdefault(index, []).append(piece)
-        if not keep:
-            return {}
-        state = {}
-        for k, s in enumerate(self._full_index()):
-            parts = every.get(s.index)
-            if not parts:
-                continue
-            entry = {}
-            for off, cnt, st in parts:
+            got = torch.load(_Reader(memoryview(data.numpy())))
+            del data
+            if r == sync.rank:  # this rank's bytes are sent and read: free them now
+                payload.release()
+                buf = None
+            for index, (off, cnt, st) in got.items():
+                s, entry = slots[index], entries.setdefault(index, {})
                 for key, v in st.items():
                     if isinstance(v, torch.Tensor) and v.dim() > 0 and v.numel() == cnt:
                         if key not in entry:
@@ -241,6 +270,14 @@ class ShardedStateDicts(StateDictLoading):
                         entry[key][off:off + cnt] = v.reshape(-1)
                     elif key not in entry:
                         entry[key] = v
+            del got
+        if not keep:
+            return {}
+        state = {}
+        for k, s in enumerate(self._full_index()):
+            entry = entries.get(s.index)
+            if not entry:
+                continue
             for key, v in entry.items():
                 if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == s.param.numel():
                     entry[key] = v.view(s.param.shape)
