@@ -37,8 +37,10 @@ import io
 
 import torch
 
+import sfsync
 from sfsync import shard
 from sfsync.torch.optim_load import StateDictLoading
+from sfsync.torch.rendezvous import log
 from sfsync.torch.shard_boxes import to_slab
 
 __all__ = ["ShardedStateDicts", "consolidate_state_dict"]
@@ -169,6 +171,17 @@ class ShardedStateDicts(StateDictLoading):
         return to_slab(v, s.param.shape, s.offset, s.count)
 
     def _fresh_state(self):
+        """_fresh_state_of_inner, or {} (no template: a DCP load then has
+        nothing to fill, as with torch's own optimizers) for an optimizer
+        class that cannot be stepped on copies (said at INFO)."""
+        try:
+            return self._fresh_state_of_inner()
+        except Exception as e:  # (a class whose constructor or step wants more)
+            log(sfsync.LOG_INFO, "state_dict: no load template for %s: %s"
+                % (self._class.__name__, e))
+            return {}
+
+    def _fresh_state_of_inner(self):
         """{id(shard tensor): state} that the inner optimizers would start
         from, for the shards that never stepped (a load template: what
         torch.distributed.checkpoint fills). Made on throwaway copies by one
