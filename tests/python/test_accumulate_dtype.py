@@ -63,9 +63,13 @@ def reference(models, window):
             for parts in zip(*sums)]
 
 
-def run(world, accumulate_dtype):
+def run(world, accumulate_dtype, zero="sync"):
     """WINDOWS windows of MICRO micro-batches, no step (the same weights every
-    window); per rank and window: (accumulated_grads() copies, .grad copies)."""
+    window); per rank and window: (accumulated_grads() copies, .grad copies).
+    ``zero``: how the host zeroes between windows: "sync" (sync.zero_grad,
+    both ways), "torch" (what a torch optimizer's zero_grad() and
+    model.zero_grad() do by default: every .grad set to None), "inplace"
+    (zero_grad(set_to_none=False): every .grad zeroed in place)."""
     name = "memory://acc-dtype-%s" % uuid.uuid4().hex
     models = [make_model() for _ in range(world)]
     out, errors = [None] * world, [None] * world
@@ -84,7 +88,13 @@ def run(world, accumulate_dtype):
                     assert sync.is_step()
                     got.append(([a.clone() for a in sync.accumulated_grads()],
                                 [p.grad.clone() for p in models[r].parameters()]))
-                    sync.zero_grad(set_to_none=(w % 2 == 0))  # both ways of zeroing
+                    if zero == "sync":
+                        sync.zero_grad(set_to_none=(w % 2 == 0))  # both ways of zeroing
+                    elif zero == "torch":
+                        models[r].zero_grad()
+                    else:
+                        for p in models[r].parameters():
+                            p.grad.zero_()
                 out[r] = got
             finally:
                 sync.close()
@@ -105,8 +115,8 @@ def run(world, accumulate_dtype):
 
 
 class AccumulateDtypeTests(unittest.TestCase):
-    def check_exact(self, world):
-        out = run(world, torch.float32)
+    def check_exact(self, world, zero="sync"):
+        out = run(world, torch.float32, zero)
         refs = [reference([make_model() for _ in range(world)], w) for w in range(WINDOWS)]
         for r in range(world):
             for w in range(WINDOWS):
@@ -132,6 +142,15 @@ class AccumulateDtypeTests(unittest.TestCase):
 
     def test_two_ranks_exact_against_a_float32_reference(self):
         self.check_exact(2)
+
+    def test_the_host_zeroing_the_torch_way(self):
+        """A host that zeroes through its torch optimizer or model (issue 32's
+        resume test found it): each window's gradient is that window's alone.
+        Before the fix the accumulators kept the previous windows' sums
+        (window 1 held twice window 0's gradient), so a resumed run, whose
+        accumulators start empty, left the uninterrupted one by 7e-4."""
+        self.check_exact(1, zero="torch")
+        self.check_exact(2, zero="inplace")
 
     def test_bad_values_name_the_argument(self):
         model = make_model()

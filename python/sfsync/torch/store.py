@@ -126,7 +126,6 @@ class GradientStore:
         self.context = context
         self.accumulate_dtype = accumulate_dtype
         self.acc = [accumulate_dtype is not None and p.dtype != accumulate_dtype for p in params]
-        self._acc_stale = False  # zero_grad(set_to_none=True): zero them at the window's start
         # The device-specific part (pointer, stream, event): sfsync/torch/device.py.
         self.ops = device_ops_for(params, names, device_ops)
         self.sync_stream = None  # the stream given to sf_set_cuda_stream (None: host)
@@ -284,18 +283,22 @@ class GradientStore:
             p.grad = view
 
     def attach_grads(self):
-        """Every ``.grad`` is its view again (see adopt_grad); an accumulated
-        parameter's ``.grad`` is None (the window's first micro-batch gets a
-        fresh one) and its accumulator starts from zero after
-        ``zero_grad(set_to_none=True)``."""
+        """At a window's start: every ``.grad`` is its view again (see
+        adopt_grad). An accumulated parameter's accumulator starts from its
+        ``.grad`` as the host left it, as torch's own accumulation would:
+        from zero where the host set it to None (a torch optimizer's or
+        model's ``zero_grad()``, ``sync.zero_grad``) or zeroed it in place,
+        from the published gradient where the host kept it; then its
+        ``.grad`` is None (the window's first micro-batch gets a fresh one)."""
         for i, p in enumerate(self.params):
             if not self.acc[i]:
                 self.adopt_grad(i)
                 continue
-            p.grad = None
-            if self._acc_stale:
+            if p.grad is None:
                 self.views[i].zero_()
-        self._acc_stale = False
+            else:
+                self.views[i].copy_(p.grad)
+            p.grad = None
 
     def zero_grad(self, set_to_none):
         """Zero every gradient in place (sf_zero_gradients), re-attaching a
@@ -303,7 +306,6 @@ class GradientStore:
         if set_to_none:
             for p in self.params:
                 p.grad = None
-            self._acc_stale = any(self.acc)
             return
         self.before_plugin()  # (the step read them on the current stream)
         self.context.zero_gradients()  # (on the sync stream)

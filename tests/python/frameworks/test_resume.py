@@ -15,7 +15,9 @@ Lightning (``ModelCheckpoint(save_last=True)``, stopped after epoch 1,
 ``fit(ckpt_path=...)``), Accelerate (``save_state`` after epoch 1,
 ``load_state``). Cases: the framework's DDP, sfsync (GradientSync), sfsync
 sharded (``shard_optimizer=True``, the optimizer the framework builds rebuilt
-sharded; each framework saves it from one rank). Judged: the final weights
+sharded; each framework saves it from one rank); the HF Trainer also on a
+bf16 model: DDP, sharded (float32 master shards), accumulate_dtype.
+Judged: the final weights
 equal the uninterrupted run's (1e-6; the max difference is printed: DDP and
 sfsync resume bitwise here), the ranks identical, sfsync's window count
 (``sync.state_dict()``, saved with the framework's checkpoint) continued.
@@ -35,11 +37,19 @@ warnings.filterwarnings("ignore")
 
 CASES = [("ddp", None), ("sfsync", dict(verify_every=2)),
          ("sharded", dict(shard_optimizer=True, verify_every=2))]
+# The HF Trainer also on a bf16 model: its DDP, sfsync sharded (the float32
+# master shards travel in the full form) and unsharded with
+# accumulate_dtype=float32. The last one left the uninterrupted run by 7.3e-4
+# before store.attach_grads started each window's accumulators from the
+# host's .grad (None after the Trainer's zero_grad: from zero); they had kept
+# every earlier window's sum.
+BF16_CASES = [("ddp-bf16", None), ("sharded-bf16", dict(shard_optimizer=True)),
+              ("accumulate-bf16", dict(accumulate_dtype=torch.float32))]
 
 
 # -- the HF Trainer
 
-def hf_run(out, options, stop=None, resume=None):
+def hf_run(out, options, stop=None, resume=None, bf16=False):
     import test_transformers as T
     from transformers import Trainer, TrainerCallback, TrainingArguments
     from sfsync.integrations.transformers import SfsyncTrainer
@@ -58,18 +68,19 @@ def hf_run(out, options, stop=None, resume=None):
                              save_strategy="steps" if stop else "no", save_steps=stop or 500)
     kw = {} if options is None else dict(sync_options=options)
     cls = Trainer if options is None else SfsyncTrainer
-    trainer = cls(model=T.make_model(), args=args, train_dataset=T.Data(), callbacks=[Stop()],
+    model = T.make_model().to(torch.bfloat16) if bf16 else T.make_model()
+    trainer = cls(model=model, args=args, train_dataset=T.Data(), callbacks=[Stop()],
                   **kw)
     trainer.train(resume_from_checkpoint=resume)
     return trainer.model, getattr(trainer, "sync", None)
 
 
-def hf(phase, where, options):
+def hf(phase, where, options, bf16=False):
     if phase == "save":
-        full = hf_run(os.path.join(where, "full"), options)
-        hf_run(os.path.join(where, "run"), options, stop=4)
+        full = hf_run(os.path.join(where, "full"), options, bf16=bf16)
+        hf_run(os.path.join(where, "run"), options, stop=4, bf16=bf16)
         return full
-    return hf_run(os.path.join(where, "resumed"), options,
+    return hf_run(os.path.join(where, "resumed"), options, bf16=bf16,
                   resume=os.path.join(where, "run", "checkpoint-4"))
 
 
@@ -197,9 +208,11 @@ def main():
         with open(latest) as f:
             run = f.read()
     for fw in args.frameworks.split(","):
-        for case, options in CASES:
+        cases = CASES + (BF16_CASES if fw == "transformers" else [])
+        for case, options in cases:
             where = os.path.join(run, "%s-%s" % (fw, case))
-            model, sync = FRAMEWORKS[fw](args.phase, where, options)
+            kw = dict(bf16=True) if case.endswith("-bf16") else {}
+            model, sync = FRAMEWORKS[fw](args.phase, where, options, **kw)
             vector = C.flat(model)
             windows = windows_of(sync)
             ref_file = os.path.join(where, "uninterrupted-rank%d.pt" % rank)
