@@ -124,6 +124,13 @@ class _Slot:
         self.tensor = None   # what the inner optimizer steps (None: nothing here)
         self.master = False  # tensor is a float32 master copy of a bf16/fp16 shard
 
+    def piece(self, t):
+        """This rank's range of ``t`` (shaped as the parameter): ``t`` itself
+        where the rank holds the whole parameter, else a flat view."""
+        if self.offset == 0 and self.count == self.param.numel():
+            return t
+        return t.view(-1)[self.offset:self.offset + self.count]
+
 
 class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
     """See the module docstring. Made by ``GradientSync.optimizer``, which
@@ -265,8 +272,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         elif s.count == 0:
             return None
         else:
-            whole = s.offset == 0 and s.count == p.numel()
-            view = p.data if whole else p.data.view(-1)[s.offset:s.offset + s.count]
+            view = s.piece(p.data)
             if p.dtype in _LOW:
                 s.tensor = view.detach().to(torch.float32, copy=True)
                 s.master = True
@@ -394,7 +400,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             return None
         if not self._sharded:
             return g
-        piece = g if s.tensor.shape == g.shape else g.view(-1)[s.offset:s.offset + s.count]
+        piece = s.piece(g)
         return piece.to(torch.float32) if s.master else piece
 
     def _step_slots(self, slots):
@@ -415,10 +421,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             with torch.no_grad():
                 for s in slots:
                     if s.master:
-                        p = s.param.data
-                        view = p if s.tensor.shape == p.shape else \
-                            p.view(-1)[s.offset:s.offset + s.count]
-                        view.copy_(s.tensor)
+                        s.piece(s.param.data).copy_(s.tensor)
 
     def _step_bucket(self, b):
         self._step_slots(self._by_bucket[b])

@@ -14,10 +14,10 @@ import torch
 from sfsync import shard
 from sfsync.torch.shard_boxes import annotate, covered, range_text, slab
 
-__all__ = ["StateDictLoading"]
+__all__ = ["StateDictLoading", "SHARDED_FORM", "MASTER_KEY"]
 
-_FORM = "sharded"
-_MASTER = "sfsync_master"
+SHARDED_FORM = "sharded"
+MASTER_KEY = "sfsync_master"
 
 
 class StateDictLoading:
@@ -66,14 +66,20 @@ class StateDictLoading:
                              % (", ".join(map(str, failed)), self._where()))
         apply()
 
-    def _agree(self, failed):
-        """The ranks whose load failed (one small all-reduce, every rank)."""
+    def _per_rank(self, value):
+        """Every rank's ``value`` (a float64 each), on every rank: one small
+        all-reduce (collective)."""
         sync = self._sync
-        flags = torch.zeros(sync.world_size, dtype=torch.float64)
-        flags[sync.rank] = 1.0 if failed else 0.0
+        values = torch.zeros(sync.world_size, dtype=torch.float64)
+        values[sync.rank] = value
         if sync.world_size > 1:
-            shard.allreduce_float64(sync.context, flags)
-        return [r for r in range(sync.world_size) if flags[r] > 0]
+            shard.allreduce_float64(sync.context, values)
+        return values
+
+    def _agree(self, failed):
+        """The ranks whose load failed."""
+        flags = self._per_rank(1.0 if failed else 0.0)
+        return [r for r in range(len(flags)) if flags[r] > 0]
 
     def _pairs(self, sd):
         """[(saved key, slot)] in group order, checked against this
@@ -96,7 +102,7 @@ class StateDictLoading:
         saved_ranges = (meta or {}).get("ranges") or {}
         # a per-rank form saved elsewhere (not this optimizer's own dict that
         # dcp.load filled): its "sfsync" says whose ranges it holds
-        elsewhere = (meta or {}).get("form") == _FORM and id(sd) not in self._issued and \
+        elsewhere = (meta or {}).get("form") == SHARDED_FORM and id(sd) not in self._issued and \
             any(meta.get(k) != v for k, v in (("rank", self._sync.rank),
                                                ("world_size", self._sync.world_size),
                                                ("layout", self._sync.shard_layout)))
@@ -118,7 +124,7 @@ class StateDictLoading:
                 if isinstance(v, torch.Tensor) and v.dim() > 0:
                     v = self._piece_in(s, name, v, saved_ranges.get(k), meta)
                 mine[name] = v.clone() if isinstance(v, torch.Tensor) else v
-            master = mine.pop(_MASTER, None)
+            master = mine.pop(MASTER_KEY, None)
             if master is not None and s.master:
                 masters[id(s.tensor)] = master
             if mine:
@@ -138,9 +144,7 @@ class StateDictLoading:
                 if id(s.tensor) in masters:  # the saved float32 master
                     s.tensor.copy_(masters[id(s.tensor)])
                 else:  # none saved: the master restarts from the parameter
-                    p = s.param.data
-                    s.tensor.copy_(p if s.tensor.shape == p.shape else
-                                   p.view(-1)[s.offset:s.offset + s.count])
+                    s.tensor.copy_(s.piece(s.param.data))
 
     def _piece_in(self, s, name, v, saved_range, meta):
         """This rank's range of state tensor ``v`` of slot ``s``, shaped as

@@ -38,17 +38,15 @@ import io
 import torch
 
 import sfsync
-from sfsync import shard
-from sfsync.torch.optim_load import StateDictLoading
+from sfsync.torch.optim_load import SHARDED_FORM, MASTER_KEY, StateDictLoading
 from sfsync.torch.rendezvous import log
 from sfsync.torch.shard_boxes import to_slab
 
 __all__ = ["ShardedStateDicts", "consolidate_state_dict"]
 
-_FORM = "sharded"
-_MASTER = "sfsync_master"
 _WINDOW_RULE = ("a sharded optimizer's state is saved and loaded at window boundaries (after "
                 "opt.step(), before the next window's first backward pass): checkpoint there")
+
 
 def consolidate_state_dict(optimizer, to=0):
     """Collective (every rank calls it, at a step): before rank ``to`` alone
@@ -116,7 +114,7 @@ class ShardedStateDicts(StateDictLoading):
 
     def _meta(self):
         sync = self._sync
-        return {"form": _FORM, "rank": sync.rank, "world_size": sync.world_size,
+        return {"form": SHARDED_FORM, "rank": sync.rank, "world_size": sync.world_size,
                 "layout": sync.shard_layout,
                 "ranges": {k: (s.offset, s.count) for k, s in enumerate(self._full_index())
                            if s.tensor is not None}}
@@ -149,7 +147,7 @@ class ShardedStateDicts(StateDictLoading):
                 for key, v in own.items():
                     entry[key] = self._piece_out(s, key, v)
                 if s.master:
-                    entry[_MASTER] = to_slab(s.tensor, s.param.shape, s.offset, s.count)
+                    entry[MASTER_KEY] = to_slab(s.tensor, s.param.shape, s.offset, s.count)
             state[k] = entry
         groups, start = [], 0
         for g, slots in zip(self.param_groups, self._full_groups):
@@ -246,16 +244,14 @@ class ShardedStateDicts(StateDictLoading):
         for s in self._stepped:
             st = dict(self.state.get(s.tensor) or {})
             if s.master:
-                st[_MASTER] = s.tensor
+                st[MASTER_KEY] = s.tensor
             if st:
                 pieces[s.index] = (s.offset, s.count, st)
         buf = io.BytesIO()
         torch.save(pieces, buf)
         del pieces
         payload = buf.getbuffer()  # (sent as it is: no copy of this rank's part)
-        sizes = torch.zeros(world, dtype=torch.float64)
-        sizes[sync.rank] = payload.nbytes
-        shard.allreduce_float64(ctx, sizes)
+        sizes = self._per_rank(payload.nbytes)
         keep = to is None or to == sync.rank
         slots = {s.index: s for s in self._full_index()}
         entries = {}  # slot index -> the full entry, filled piece by piece as they arrive
