@@ -33,7 +33,7 @@ def agent(port, ckpt, log, stop):
            "--nproc_per_node", "1", "--rdzv_backend", "c10d",
            "--rdzv_endpoint", "127.0.0.1:%d" % port, "--rdzv_id", "sfsync-elastic",
            "--rdzv_conf", "last_call_timeout=1,join_timeout=60",
-           "--max_restarts", "1", "--monitor_interval", "0.1", "--redirects", "2", "--tee", "2",
+           "--max_restarts", "0", "--monitor_interval", "0.1", "--redirects", "2", "--tee", "2",
            os.path.join(HERE, "elastic_trainer.py"), "--ckpt", ckpt] + (["--stop"] if stop else [])
     return subprocess.Popen(cmd, env=worker_env([]), stdout=log, stderr=subprocess.STDOUT)
 
