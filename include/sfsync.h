@@ -92,6 +92,8 @@ typedef int32_t sf_reduce_op;
 #define SF_REDUCE_AVERAGE 0 /* sum / world_size (default, as DDP) */
 #define SF_REDUCE_SUM 1     /* plain sum */
 #define SF_REDUCE_PRESCALED_SUM 2 /* sum of (prescale * gradient), e.g. 1 / global token count */
+#define SF_REDUCE_WEIGHTED 3 /* sum / (the window's global weight): see "Weighted windows".
+                                Since 0.4 */
 
 typedef int32_t sf_backend;
 #define SF_BACKEND_AUTO 0 /* NCCL for device gradients, Gloo for host gradients */
@@ -118,7 +120,7 @@ typedef struct sf_options {
                                SF_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
                                SLURM_LOCALID */
   sf_backend backend;       /* env SF_BACKEND = auto|gloo|nccl (default auto) */
-  sf_reduce_op reduce_op;   /* env SF_REDUCE = average|sum|prescaled_sum (default average) */
+  sf_reduce_op reduce_op;   /* env SF_REDUCE = average|sum|prescaled_sum|weighted (default average) */
   int32_t reserved0;        /* must be 0 */
   double prescale;          /* factor for SF_REDUCE_PRESCALED_SUM; env SF_PRESCALE (default 1) */
   double bucket_cap_mb;     /* bucket cap in MiB; env SF_BUCKET_CAP_MB (default 25) */
@@ -452,6 +454,84 @@ SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* b
  *        communication. Since 0.4.
  */
 SF_API sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed);
+
+/* ---- Weighted windows (Since 0.4) ---------------------------------------
+ *
+ * Per-token (or per-sample) normalization across a whole window and every
+ * rank, with no extra collective: each rank adds its window's weight (e.g.
+ * the tokens of each micro-batch) and, with reduce_op = SF_REDUCE_WEIGHTED,
+ * every bucket is summed across ranks and divided by the global sum of the
+ * weights. The host's loss is then a plain sum (reduction="sum").
+ *
+ *   for each micro-batch:  loss_sum = sum of per-token losses
+ *                          sf_add_window_weight(ctx, tokens)   before its backward
+ *                          backward(loss_sum)
+ *   sf_synchronize(ctx)    gradients = (sum over ranks and micro-batches) / total tokens
+ *
+ * The weight travels in the reserved tail of every bucket's own collective
+ * (each segment's, sharded), encoded as integer limbs that every wire dtype
+ * (float64, float32, and the 16-bit ones) sums exactly: each rank's value
+ * is taken to the nearest multiple of 2^-32 (integers, such as token counts,
+ * are exact), and the global sum is exact from there. The backend divides
+ * in the averaging step it already makes (Gloo: the post-scale; a 16-bit
+ * wire: the widening), so there is no second pass over the gradients.
+ * Collectives per window and sf_stats.bytes_reduced are those of an
+ * unweighted window; the wire carries a few elements more per bucket (the
+ * limbs). Host (Gloo) buckets only: a context whose buckets include CUDA
+ * ones fails the build with SF_ERR_UNSUPPORTED.
+ *
+ * Window sums ride in the same way, in the first bucket: SF_WINDOW_SUMS
+ * float64 slots that every rank adds to during the window (by convention
+ * 0: loss sum, 1: token count, 2: a found-inf flag, 3: a user metric), read
+ * back as global sums after the synchronization: no collective per metric.
+ *
+ * Rules:
+ * - Weights and sums of a window are added any time from the previous
+ *   synchronization until the first bucket of the window's last pass starts
+ *   reducing (by sf_grad_ready or sf_synchronize); a later call is
+ *   SF_ERR_INVALID_STATE naming the bucket and the window, and adds nothing.
+ *   Each synchronization starts the next window's weight and sums at 0.
+ * - A global weight of 0 (no rank added any) fails that sf_synchronize with
+ *   SF_ERR_INVALID_STATE naming the window, on every rank; the gradients are
+ *   left as the plain sums (never divided by 0), the context stays usable.
+ * - World size 1: the local weight divides; nothing travels.
+ */
+
+/* Float64 window sums per window (Since 0.4). */
+#define SF_WINDOW_SUMS 4
+
+/**
+ * Add `weight` to this rank's weight for the current window (e.g. the
+ * number of tokens of a micro-batch, before its backward). Local: no
+ * communication; thread-safe with sf_grad_ready.
+ * @return SF_ERR_INVALID_ARGUMENT for a negative, NaN or infinite weight or
+ *         one of 2^52 or more (naming the value); SF_ERR_INVALID_STATE when
+ *         the context's reduce_op is not SF_REDUCE_WEIGHTED, or when the
+ *         first bucket of the window's last pass has started reducing
+ *         (naming the bucket and the window: the weight is not added).
+ *         Since 0.4.
+ */
+SF_API sf_status sf_add_window_weight(sf_context* ctx, double weight);
+
+/**
+ * Add values[i] to this rank's window sum slot i, for i < count (1 <= count
+ * <= SF_WINDOW_SUMS). Each value must be finite with |value| < 2^52. Same
+ * timing rules and errors as sf_add_window_weight; SF_REDUCE_WEIGHTED only.
+ * Since 0.4.
+ */
+SF_API sf_status sf_add_window_sums(sf_context* ctx, const double* values, int32_t count);
+
+/**
+ * The global weight and window sums of the last synchronized window: the
+ * sums over every rank of what each added (world size 1: its own). `weight`
+ * may be NULL; `sums` receives min(count, SF_WINDOW_SUMS) slots (count 0
+ * with sums NULL: none).
+ * @return SF_ERR_INVALID_STATE before the first weighted synchronization
+ *         that completed; SF_ERR_INVALID_ARGUMENT for a negative count or
+ *         sums NULL with count > 0. Since 0.4.
+ */
+SF_API sf_status sf_get_window_totals(const sf_context* ctx, double* weight, double* sums,
+                                      int32_t count);
 
 /* ---- CUDA / NCCL --------------------------------------------------------
  *

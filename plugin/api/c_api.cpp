@@ -220,6 +220,20 @@ sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed) {
   return guard("sf_restore_windows", [&] { checked(ctx).restoreWindows(windows_completed); });
 }
 
+sf_status sf_add_window_weight(sf_context* ctx, double weight) {
+  return guard("sf_add_window_weight", [&] { checked(ctx).addWindowWeight(weight); });
+}
+
+sf_status sf_add_window_sums(sf_context* ctx, const double* values, int32_t count) {
+  return guard("sf_add_window_sums", [&] { checked(ctx).addWindowSums(values, count); });
+}
+
+sf_status sf_get_window_totals(const sf_context* ctx, double* weight, double* sums,
+                               int32_t count) {
+  return guard("sf_get_window_totals",
+               [&] { checked(ctx).windowTotals(weight, sums, count); });
+}
+
 sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
                          int64_t* gradient_count, sf_dtype* dtype) {
   return guard("sf_bucket_info",

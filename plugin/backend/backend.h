@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "plugin/core/error.h"
+#include "plugin/core/limb_codec.h"
 #include "sfsync.h"
 
 namespace sfsync {
@@ -34,7 +35,24 @@ struct ReduceSpec {
   // a backend may leave off the wire (their values afterwards: as before the
   // call, or summed). Empty: every element holds data.
   std::vector<int64_t> segmentUsed;
+  // Weighted windows (SF_REDUCE_WEIGHTED; weight.usable()): element
+  // weightAt of each segment's reserved tail (after scaledElems) starts
+  // weight.limbs elements holding this rank's window weight as limbs
+  // (core/limb_codec.h). The backend sums them with the rest, decodes the
+  // global weight from its own segment's tail (in the precision the wire
+  // carried them) and multiplies the scaled elements by 1 / weight in its
+  // averaging step, instead of prescale * postscale (both 1 then); a global
+  // weight of 0 leaves the sums as they are (the reducer reports the
+  // window). A weighted bucket travels as one piece: its weight is read
+  // before any of its elements is scaled.
+  LimbCodec weight;
+  int64_t weightAt = 0;
 };
+
+// The factor a weighted bucket's data is multiplied by: 1 / the global
+// weight decoded from `limbs` (spec.weight.limbs values of `dtype` at
+// `limbs`, host memory), or 1 when that weight is 0 or not finite.
+double weightedScale(const ReduceSpec& spec, const char* limbs, sf_dtype dtype);
 
 // A collective in flight. wait() returns when it is done and throws
 // sfsync::Error (SF_ERR_BACKEND or SF_ERR_TIMEOUT) if it failed.

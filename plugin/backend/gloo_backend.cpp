@@ -259,7 +259,11 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
       dtype == SF_DTYPE_FLOAT32 && opts_.wire_dtype != SF_DTYPE_FLOAT32 ? opts_.wire_dtype : dtype;
   // Pieces sized in the bucket's own dtype, on consecutive lanes.
   const int64_t elemBytes = int64_t(dtypeSize(dtype));
-  const int64_t pieceElems = pieceElemsOf(numel, elemBytes, numel * elemBytes, lanes_);
+  // A weighted bucket is one piece: its weight, in its tail, is read before
+  // any of its elements is scaled.
+  const int64_t pieceElems = spec.weight.usable()
+                                 ? std::max<int64_t>(1, numel)
+                                 : pieceElemsOf(numel, elemBytes, numel * elemBytes, lanes_);
   std::vector<std::future<TaskResult>> futures;
   for (int64_t begin = 0; begin < numel || (numel == 0 && futures.empty()); begin += pieceElems) {
     const int64_t count = std::min(pieceElems, numel - begin);
@@ -271,7 +275,8 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
     auto context = context_;
     std::vector<uint16_t>* scratch = &wireScratch_[lane];  // only this lane's thread uses it
     const int64_t piece = int64_t(futures.size());
-    auto task = [this, context, scratch, at, begin, count, dtype, wire, spec, lane, piece, tag] {
+    auto task = [this, context, scratch, at, begin, count, dtype, wire, spec, lane, piece, tag,
+                 elemBytes] {
       throwIfFailed();  // another lane failed: fail now, not at this lane's timeout
       const int64_t wireBytes = count * int64_t(dtypeSize(wire));
       const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane), "wire",
@@ -289,14 +294,27 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
           narrowTo16(scratch->data(), in, scaled, wire, float(spec.prescale));
           narrowTo16(scratch->data() + scaled, in + scaled, count - scaled, wire, 1.0f);
           glooCall("allreduce", [&] { reduceNative(context, scratch->data(), count, wire, tag); });
+          // Weighted: the global weight from the summed 16-bit limbs (exact there).
+          const double post =
+              spec.weight.usable()
+                  ? weightedScale(spec,
+                                  reinterpret_cast<const char*>(scratch->data() + scaled +
+                                                                spec.weightAt),
+                                  wire)
+                  : spec.postscale;
           float* out = static_cast<float*>(at);
-          widenFrom16(out, scratch->data(), scaled, wire, float(spec.postscale));
+          widenFrom16(out, scratch->data(), scaled, wire, float(post));
           widenFrom16(out + scaled, scratch->data() + scaled, count - scaled, wire, 1.0f);
           return;
         }
         if (spec.prescale != 1.0) scaleInPlace(at, scaled, dtype, spec.prescale);
         glooCall("allreduce", [&] { reduceNative(context, at, count, dtype, tag); });
-        if (spec.postscale != 1.0) scaleInPlace(at, scaled, dtype, spec.postscale);
+        const double post =
+            spec.weight.usable()
+                ? weightedScale(spec, static_cast<const char*>(at) + (scaled + spec.weightAt) * elemBytes,
+                                dtype)
+                : spec.postscale;
+        if (post != 1.0) scaleInPlace(at, scaled, dtype, post);
       } catch (const Error& e) {
         noteFailure(e.status(), e.what());
         throw;
@@ -315,8 +333,11 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
   throwIfFailed();
   const int64_t elemBytes = int64_t(dtypeSize(dtype));
   // A segment's piece puts world_size times its bytes on the wire.
-  const int64_t pieceElems = std::max<int64_t>(
-      1, pieceElemsOf(segmentElems, elemBytes, segmentElems * elemBytes * opts_.world_size, lanes_));
+  const int64_t pieceElems =
+      spec.weight.usable()  // one piece: the weight is read before the shard is scaled
+          ? std::max<int64_t>(1, segmentElems)
+          : std::max<int64_t>(1, pieceElemsOf(segmentElems, elemBytes,
+                                              segmentElems * elemBytes * opts_.world_size, lanes_));
   const int rank = opts_.rank;
   const std::chrono::milliseconds timeout(opts_.timeout_ms);
   std::vector<std::future<TaskResult>> futures;
@@ -346,13 +367,16 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
         });
         ringBytesSent_.fetch_add(sent);
         // Scales on this rank's own piece only (the shard), after the sum.
-        const double factor = spec.prescale * spec.postscale;
         const int64_t scaled = spec.scaledElems < 0
                                    ? count
                                    : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
-        if (factor != 1.0 && scaled > 0) {
-          scaleInPlace(base + (rank * segmentElems + begin) * elemBytes, scaled, dtype, factor);
-        }
+        char* own = base + (rank * segmentElems + begin) * elemBytes;
+        // Weighted: one piece (begin 0); the weight's limbs in this segment's tail.
+        const double factor =
+            spec.weight.usable()
+                ? weightedScale(spec, own + (spec.scaledElems + spec.weightAt) * elemBytes, dtype)
+                : spec.prescale * spec.postscale;
+        if (factor != 1.0 && scaled > 0) scaleInPlace(own, scaled, dtype, factor);
       } catch (const Error& e) {
         noteFailure(e.status(), e.what());
         throw;

@@ -204,4 +204,31 @@ void addInto(void* out, const void* a, const void* b, size_t n, sf_dtype dtype) 
   }
 }
 
+int exactIntegerBits(sf_dtype dtype) {
+  switch (dtype) {
+    case SF_DTYPE_FLOAT64: return 53;
+    case SF_DTYPE_FLOAT32: return 24;
+    case SF_DTYPE_FLOAT16: return 11;
+    default: return 8;  // bfloat16
+  }
+}
+
+void storeAsDtype(char* p, sf_dtype dtype, double v) {
+  switch (dtype) {
+    case SF_DTYPE_FLOAT64: std::memcpy(p, &v, sizeof v); break;
+    case SF_DTYPE_FLOAT32: { const float f = float(v); std::memcpy(p, &f, sizeof f); break; }
+    case SF_DTYPE_FLOAT16: { const uint16_t h = floatToHalf(float(v)); std::memcpy(p, &h, 2); break; }
+    default: { const uint16_t h = floatToBf16(float(v)); std::memcpy(p, &h, 2); break; }
+  }
+}
+
+double loadFromDtype(const char* p, sf_dtype dtype) {
+  switch (dtype) {
+    case SF_DTYPE_FLOAT64: { double v; std::memcpy(&v, p, sizeof v); return v; }
+    case SF_DTYPE_FLOAT32: { float f; std::memcpy(&f, p, sizeof f); return f; }
+    case SF_DTYPE_FLOAT16: { uint16_t h; std::memcpy(&h, p, 2); return halfToFloat(h); }
+    default: { uint16_t h; std::memcpy(&h, p, 2); return bf16ToFloat(h); }
+  }
+}
+
 }  // namespace sfsync

@@ -32,4 +32,12 @@ void widenFrom16(float* dst, const uint16_t* src, int64_t numel, sf_dtype wire, 
 // out[i] = a[i] + b[i]: the reduction that the host backends apply.
 void addInto(void* out, const void* a, const void* b, size_t numel, sf_dtype dtype);
 
+// Bits of an integer a dtype holds exactly (2^m and every integer below):
+// 53, 24, 11, 8. What the reserved tails (window check, window weight) use
+// to keep their sums exact whatever the order of the additions.
+int exactIntegerBits(sf_dtype dtype);
+// One value of `dtype` at `p` (host memory, unaligned), from or to a double.
+void storeAsDtype(char* p, sf_dtype dtype, double v);
+double loadFromDtype(const char* p, sf_dtype dtype);
+
 }  // namespace sfsync

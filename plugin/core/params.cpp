@@ -28,7 +28,7 @@ const Param kParams[] = {
      "launch/launch_options.cpp"},
     {"SF_FIRST_BUCKET_CAP_MB", "number", "1", "first bucket cap in MiB, positive and finite",
      "launch/launch_options.cpp"},
-    {"SF_REDUCE", "choice", "average", "average, sum, prescaled_sum", "launch/launch_options.cpp"},
+    {"SF_REDUCE", "choice", "average", "average, sum, prescaled_sum, weighted", "launch/launch_options.cpp"},
     {"SF_PRESCALE", "number", "1", "the pre-scale factor of prescaled_sum",
      "launch/launch_options.cpp"},
     {"SF_TIMEOUT_MS", "ms", "300000", "every rendezvous and collective, in ms (clamped to 2^40)",

@@ -117,8 +117,8 @@ void optionsFromEnvironment(sf_options& o) {
   o.local_rank = launch.localRank;
   static const char* const kBackends[] = {"auto", "gloo", "nccl"};
   env.readChoice("SF_BACKEND", o.backend, kBackends, 3);
-  static const char* const kReduce[] = {"average", "sum", "prescaled_sum"};
-  env.readChoice("SF_REDUCE", o.reduce_op, kReduce, 3);
+  static const char* const kReduce[] = {"average", "sum", "prescaled_sum", "weighted"};
+  env.readChoice("SF_REDUCE", o.reduce_op, kReduce, 4);
   env.readDouble("SF_PRESCALE", o.prescale, false);
   env.readDouble("SF_BUCKET_CAP_MB", o.bucket_cap_mb, true);
   env.readDouble("SF_FIRST_BUCKET_CAP_MB", o.first_bucket_cap_mb, true);
@@ -164,7 +164,7 @@ void validateOptions(const sf_options& o) {
     s << "opts->local_rank = " << o.local_rank << " is negative";
   } else if (o.backend < SF_BACKEND_AUTO || o.backend > SF_BACKEND_NCCL) {
     s << "opts->backend = " << o.backend << " is not an sf_backend";
-  } else if (o.reduce_op < SF_REDUCE_AVERAGE || o.reduce_op > SF_REDUCE_PRESCALED_SUM) {
+  } else if (o.reduce_op < SF_REDUCE_AVERAGE || o.reduce_op > SF_REDUCE_WEIGHTED) {
     s << "opts->reduce_op = " << o.reduce_op << " is not an sf_reduce_op";
   } else if (!std::isfinite(o.prescale)) {
     s << "opts->prescale = " << o.prescale << " is not finite";

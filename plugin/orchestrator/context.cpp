@@ -5,6 +5,7 @@
 #include "plugin/orchestrator/context.h"
 
 #include <chrono>
+#include <cmath>
 #include <sstream>
 #include <vector>
 
@@ -284,6 +285,70 @@ void Context::synchronize() {
                                       << " bytes, " << ns / 1000 << " us in sf_synchronize");
   }
   atLastSync_ = after;
+  if (reducer_.lastWindowWeightless()) {
+    // Every rank decoded the same global weight: every rank says so, and
+    // the context stays usable (the window is counted; nothing was divided).
+    fail(SF_ERR_INVALID_STATE,
+         "window " + std::to_string(window) +
+             ": the global window weight is 0 (no rank added a weight with "
+             "sf_add_window_weight, or every weight was 0): the gradients were left as the plain "
+             "sums, not divided; skip this optimizer step");
+  }
+}
+
+namespace {
+// A weight or window sum: finite, below the codec's magnitude, and (a weight) not negative.
+void checkWindowValue(const std::string& name, double v, bool weight) {
+  if (!std::isfinite(v) || (weight && v < 0) || std::fabs(v) >= LimbCodec::kMaxMagnitude) {
+    std::ostringstream m;
+    m.precision(17);
+    m << name << " = " << v << " is "
+      << (!std::isfinite(v) ? "not finite"
+                            : (weight && v < 0) ? "negative" : "2^52 or more in magnitude")
+      << (weight ? "; a window weight is a finite count or sum of weights, 0 <= weight < 2^52"
+                 : "; a window sum must be finite with |value| < 2^52");
+    fail(SF_ERR_INVALID_ARGUMENT, m.str());
+  }
+}
+}  // namespace
+
+void Context::addWindowWeight(double weight) {
+  checkWindowValue("weight", weight, true);
+  reducer_.addWindowWeight(weight);
+}
+
+void Context::addWindowSums(const double* values, int32_t count) {
+  if (count < 1 || count > SF_WINDOW_SUMS) {
+    fail(SF_ERR_INVALID_ARGUMENT, "count = " + std::to_string(count) +
+                                      " is not between 1 and SF_WINDOW_SUMS (" +
+                                      std::to_string(SF_WINDOW_SUMS) + ")");
+  }
+  if (values == nullptr) fail(SF_ERR_INVALID_ARGUMENT, "values is NULL");
+  for (int32_t k = 0; k < count; ++k) {
+    checkWindowValue("values[" + std::to_string(k) + "]", values[k], false);
+  }
+  reducer_.addWindowSums(values, count);
+}
+
+void Context::windowTotals(double* weight, double* sums, int32_t count) const {
+  if (count < 0) {
+    fail(SF_ERR_INVALID_ARGUMENT,
+         "count = " + std::to_string(count) + " is negative");
+  }
+  if (count > 0 && sums == nullptr) {
+    fail(SF_ERR_INVALID_ARGUMENT, "sums is NULL with count = " +
+                                      std::to_string(count));
+  }
+  WindowTotals::Totals t;
+  if (!reducer_.windowTotals(t)) {
+    fail(SF_ERR_INVALID_STATE,
+         std::string("no weighted window has completed yet") +
+             (opts_.reduce_op == SF_REDUCE_WEIGHTED
+                  ? ""
+                  : " (this context's reduce_op is not SF_REDUCE_WEIGHTED: it has none)"));
+  }
+  if (weight) *weight = t.weight;
+  for (int32_t k = 0; k < count && k < SF_WINDOW_SUMS; ++k) sums[k] = t.sums[size_t(k)];
 }
 
 sf_stats Context::stats() const {

@@ -74,6 +74,13 @@ class Context {
   // sf_in_accumulation): its windows are not "windows that affect nothing".
   void markFollowed() const { followed_.store(true, std::memory_order_relaxed); }
 
+  // ---- Weighted windows (SF_REDUCE_WEIGHTED) --------------------------------
+  // sf_add_window_weight / sf_add_window_sums: the values checked here, the
+  // timing and the mode by the reducer. sf_get_window_totals.
+  void addWindowWeight(double weight);
+  void addWindowSums(const double* values, int32_t count);
+  void windowTotals(double* weight, double* sums, int32_t count) const;
+
   // ---- Synchronization: reductions, waits, gathers --------------------------
   void gradReady(int64_t id);
   void synchronize();

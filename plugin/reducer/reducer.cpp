@@ -36,6 +36,7 @@ MemoryOps& Reducer::memoryFor(sf_device device) {
 
 void Reducer::openPassLocked() {
   if (passOpen_) return;
+  weightless_ = false;
   // A new pass: the previous window's reductions are no longer this
   // window's (a wait or gather now refers to the new one).
   for (auto& c : cycles_) c.newWindow();
@@ -132,6 +133,15 @@ void Reducer::start(size_t i, bool early) {
   }
   // The scales apply to the data, not to the reserved tail after it.
   if (b.layout.reservedElems > 0) spec.scaledElems = b.layout.shardElems;
+  if (totals_.weighted()) {
+    // Weighted: the window's weight and sums freeze as bucket 0 starts.
+    totals_.describe(i, spec);
+    try {
+      totals_.encode(i, b, memoryFor(b.plan->device));
+    } catch (const Error& e) {
+      failWith(e.status(), e.what());
+    }
+  }
   if (check_.carries(i)) {
     try {
       check_.encode(b, memoryFor(b.plan->device), window_);
@@ -193,7 +203,20 @@ void Reducer::waitBucketLocked(size_t i) {
     }
   }
   c.reductionDone(pass_);
-  if (++reducedInPass_ == int64_t(cycles_.size())) completePass_ = pass_;
+  if (++reducedInPass_ == int64_t(cycles_.size())) {
+    completePass_ = pass_;
+    if (totals_.weighted()) {
+      // The window's totals from bucket 0's own segment; the next window's
+      // weight and sums start at 0.
+      try {
+        const BucketBuffers& first = memory_[0];
+        weightless_ = totals_.collect(first, ownSegment(first), memoryFor(first.plan->device))
+                          .weight == 0.0;
+      } catch (const Error& e) {
+        failWith(e.status(), e.what());
+      }
+    }
+  }
   if (trace_) trace_->instant(0, "finish", "\"bucket\":" + std::to_string(i));
 }
 
@@ -231,6 +254,45 @@ void Reducer::synchronize(int64_t window) {
   for (auto& c : cycles_) c.reportsCleared();
   nextToStart_ = 0;
   passOpen_ = false;  // the results stay this window's until the next pass opens
+}
+
+// ---- Weighted windows ---------------------------------------------------------
+
+void Reducer::addWindowWeight(double weight) { addWindowSums(&weight, -1); }
+
+void Reducer::addWindowSums(const double* values, int count) {
+  // count -1: the weight (values[0]); else `count` window sums.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (opts_.reduce_op != SF_REDUCE_WEIGHTED) {
+    fail(SF_ERR_INVALID_STATE, std::string("this context's reduce_op is ") +
+                                   std::to_string(opts_.reduce_op) +
+                                   ", not SF_REDUCE_WEIGHTED (3): a weight would divide nothing "
+                                   "(set reduce_op = SF_REDUCE_WEIGHTED, or SF_REDUCE=weighted)");
+  }
+  if (nextToStart_ > 0) {
+    fail(SF_ERR_INVALID_STATE,
+         "bucket 0 of window " + std::to_string(window_) +
+             " has started reducing, carrying the window's weight and sums as they were; "
+             "this value was not added (add each micro-batch's weight before its backward, "
+             "and before sf_synchronize)");
+  }
+  if (count < 0) {
+    totals_.addWeight(values[0]);
+  } else {
+    totals_.addSums(values, count);
+  }
+}
+
+bool Reducer::windowTotals(WindowTotals::Totals& out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!totals_.hasTotals()) return false;
+  out = totals_.totals();
+  return true;
+}
+
+bool Reducer::lastWindowWeightless() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return weightless_;
 }
 
 // ---- Failure and teardown ---------------------------------------------------

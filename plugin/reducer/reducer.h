@@ -37,6 +37,7 @@
 #include "plugin/reducer/bucket_state.h"
 #include "plugin/reducer/shard_plan.h"
 #include "plugin/reducer/window_check.h"
+#include "plugin/reducer/window_totals.h"
 #include "sfsync.h"
 
 namespace sfsync {
@@ -121,6 +122,19 @@ class Reducer {
   void synchronize(int64_t window);
   bool inFlight() const;
 
+  // ---- Weighted windows (window_totals.h) -----------------------------------
+  // sf_add_window_weight / sf_add_window_sums (arguments checked by the
+  // caller): SF_ERR_INVALID_STATE unless reduce_op is SF_REDUCE_WEIGHTED,
+  // or once the first bucket of the window's last pass has started (naming
+  // it and the window; nothing is added).
+  void addWindowWeight(double weight);
+  void addWindowSums(const double* values, int count);
+  // The last completed weighted window's totals; false before one.
+  bool windowTotals(WindowTotals::Totals& out) const;
+  // Whether the window synchronize() just completed had a global weight of
+  // 0 (its buckets were left as the plain sums); cleared by the next pass.
+  bool lastWindowWeightless() const;
+
   // ---- Gathers (reducer_gather.cpp) ----------------------------------------
   // Parameter gathers; bucket -1: all (forward order: the last bucket first).
   void startGather(int64_t bucket);
@@ -181,6 +195,8 @@ class Reducer {
   std::vector<BucketCycle> cycles_;  // bucket i's state: cycles_[i]
   std::vector<std::unique_ptr<Work>> gradientGathers_;  // inside gatherGradients only
   WindowCheck check_;
+  WindowTotals totals_;    // weighted windows: the weight and the window sums
+  bool weightless_ = false;  // the last completed weighted window's weight was 0
   std::atomic<bool> built_{false};
   bool verified_ = false;  // the layout check passed
 

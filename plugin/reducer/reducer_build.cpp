@@ -111,7 +111,13 @@ void Reducer::buildLocked() {
   for (const auto& g : grads_) specs.push_back({g.numel, g.dtype, g.device});
   plan_ = planBuckets(specs, capBytes(capMb_), capBytes(firstCapMb_));
   check_.choose(plan_, opts_.world_size, shard_, opts_.wire_dtype);
-  memory_.build(grads_, plan_, check_.reserve(plan_.size()), opts_.world_size, shard_);
+  // Each tail: the window check's elements, then the weighted window's limbs.
+  std::vector<int64_t> reserve = check_.reserve(plan_.size());
+  totals_.plan(plan_, opts_.world_size, opts_.wire_dtype, opts_.reduce_op == SF_REDUCE_WEIGHTED,
+               reserve);
+  const std::vector<int64_t> limbs = totals_.reserve(plan_.size());
+  for (size_t i = 0; i < reserve.size(); ++i) reserve[i] += limbs[i];
+  memory_.build(grads_, plan_, reserve, opts_.world_size, shard_);
   cycles_.clear();
   for (size_t i = 0; i < plan_.size(); ++i) {
     cycles_.emplace_back(int64_t(i), int64_t(plan_[i].grads.size()));

@@ -16,47 +16,19 @@ namespace sfsync {
 
 namespace {
 
-// Bits of an integer a dtype holds exactly (2^m and every integer below).
-int exactBits(sf_dtype dtype) {
-  switch (dtype) {
-    case SF_DTYPE_FLOAT64: return 53;
-    case SF_DTYPE_FLOAT32: return 24;
-    case SF_DTYPE_FLOAT16: return 11;
-    default: return 8;  // bfloat16
-  }
-}
-
 // The modulus p for `world` ranks: the largest p (at most 2^20) with
 // world * (p - 1)^2 <= 2^m, so that both sums, of x = w mod p and of x^2,
 // are exact integers in the dtype whatever the order of the additions.
 // p < 2 means no check (bfloat16 with more than 256 ranks).
 int64_t modulusFor(sf_dtype dtype, int64_t world) {
   using U = unsigned __int128;
-  const U limit = U(1) << exactBits(dtype);
+  const U limit = U(1) << exactIntegerBits(dtype);
   auto fits = [&](int64_t q) { return U(world) * U(q) * U(q) <= limit; };  // q = p - 1
-  int64_t q = int64_t(std::sqrt(std::ldexp(1.0, exactBits(dtype)) / double(world)));
+  int64_t q = int64_t(std::sqrt(std::ldexp(1.0, exactIntegerBits(dtype)) / double(world)));
   while (q > 0 && !fits(q)) --q;
   while (fits(q + 1)) ++q;
   const int64_t kMaxModulus = int64_t(1) << 20;
   return q + 1 > kMaxModulus ? kMaxModulus : q + 1;
-}
-
-void storeValue(char* p, sf_dtype dtype, double v) {
-  switch (dtype) {
-    case SF_DTYPE_FLOAT64: std::memcpy(p, &v, sizeof v); break;
-    case SF_DTYPE_FLOAT32: { const float f = float(v); std::memcpy(p, &f, sizeof f); break; }
-    case SF_DTYPE_FLOAT16: { const uint16_t h = floatToHalf(float(v)); std::memcpy(p, &h, 2); break; }
-    default: { const uint16_t h = floatToBf16(float(v)); std::memcpy(p, &h, 2); break; }
-  }
-}
-
-double loadValue(const char* p, sf_dtype dtype) {
-  switch (dtype) {
-    case SF_DTYPE_FLOAT64: { double v; std::memcpy(&v, p, sizeof v); return v; }
-    case SF_DTYPE_FLOAT32: { float f; std::memcpy(&f, p, sizeof f); return f; }
-    case SF_DTYPE_FLOAT16: { uint16_t h; std::memcpy(&h, p, 2); return halfToFloat(h); }
-    default: { uint16_t h; std::memcpy(&h, p, 2); return bf16ToFloat(h); }
-  }
 }
 
 // Whether bucket i carries the check better than bucket c (see choose()):
@@ -66,7 +38,7 @@ double loadValue(const char* p, sf_dtype dtype) {
 // smaller; else the later (every rank plans the same buckets from the same
 // layout, which the layout check confirms before the first collective).
 bool betterCarrier(const PlannedBucket& i, const PlannedBucket& c, sf_shard_layout shard) {
-  const int ei = exactBits(i.dtype), ec = exactBits(c.dtype);
+  const int ei = exactIntegerBits(i.dtype), ec = exactIntegerBits(c.dtype);
   if (ei != ec) return ei > ec;
   const bool hi = i.device == SF_DEVICE_HOST, hc = c.device == SF_DEVICE_HOST;
   if (hi != hc) return hi;
@@ -116,8 +88,8 @@ void WindowCheck::encode(const BucketBuffers& b, MemoryOps& memory, int64_t wind
   const size_t esize = dtypeSize(dtype);
   const int64_t x = window % modulus_;
   char values[16];
-  storeValue(values, dtype, double(x));
-  storeValue(values + esize, dtype, double(x * x));
+  storeAsDtype(values, dtype, double(x));
+  storeAsDtype(values + esize, dtype, double(x * x));
   for (int64_t k = 0; k < b.layout.world; ++k) {
     memory.writeSmall(b.reservedTail(k), values, 2 * esize);
   }
@@ -131,8 +103,8 @@ void WindowCheck::verify(const BucketBuffers& b, int64_t ownSegment, MemoryOps& 
   // This rank's own segment's tail (the only one a reduce-scatter sums here).
   char values[16];
   memory.readSmall(values, b.reservedTail(ownSegment), 2 * esize);
-  const double sum = loadValue(values, dtype);
-  const double sumSquares = loadValue(values + esize, dtype);
+  const double sum = loadFromDtype(values, dtype);
+  const double sumSquares = loadFromDtype(values + esize, dtype);
   const int64_t w = carried_, x = w % modulus_;
   // world * x^2 <= 2^53: exact in int64 and double.
   if (sum == double(world * x) && sumSquares == double(world * x * x)) return;
