@@ -37,6 +37,18 @@ uint64_t toy_seed(int window, int micro, int rank);
 double toy_accumulate_grads(const toy_model* m, float* const* params, uint64_t seed,
                             float* const* grads);
 
+/* Weighted windows (sfsync 0.4): the number of samples ("tokens") of one
+ * rank's micro-batch, unequal across ranks and micro-batches: 0..2*batch
+ * (0: a micro-batch that is all padding). */
+int toy_tokens(int window, int micro, int rank, int batch);
+
+/* grads += scale * gradient of the plain-sum loss (sum over `samples`
+ * samples of 0.5 * err^2, no division by the batch) on the samples drawn
+ * from `seed` (the first `samples` of what toy_accumulate_grads draws).
+ * @return the loss sum (not scaled). */
+double toy_accumulate_sum(const toy_model* m, float* const* params, uint64_t seed, int samples,
+                          float scale, float* const* grads);
+
 /* params -= lr * grads. */
 void toy_sgd_step(const toy_model* m, float* const* params, float* const* grads, float lr);
 
@@ -45,6 +57,14 @@ void toy_sgd_step(const toy_model* m, float* const* params, float* const* grads,
  * one SGD step per window. `params` receives the final weights. */
 void toy_reference(const toy_model* m, int world, int windows, const int* micro, float lr,
                    float* const* params);
+
+/* The token-mean reference of weighted windows: per window, the plain-sum
+ * gradients of every rank's micro-batches (toy_tokens samples each), added
+ * in float64 and divided by the window's total token count, one SGD step.
+ * window_weight[w] / window_loss[w] (either may be NULL) receive each
+ * window's total count and loss sum. A window of no tokens takes no step. */
+void toy_reference_weighted(const toy_model* m, int world, int windows, const int* micro, float lr,
+                            float* const* params, double* window_weight, double* window_loss);
 
 #ifdef __cplusplus
 }
