@@ -24,6 +24,12 @@ pub const SF_DEVICE_HOST: i32 = 0;
 pub const SF_REDUCE_AVERAGE: i32 = 0;
 pub const SF_REDUCE_SUM: i32 = 1;
 pub const SF_REDUCE_PRESCALED_SUM: i32 = 2;
+/// Weighted windows (Since 0.4): each bucket's sum divided by the window's
+/// global weight (sf_add_window_weight).
+pub const SF_REDUCE_WEIGHTED: i32 = 3;
+/// Float64 window sums per window (Since 0.4); by convention slot 0 the loss
+/// sum, 1 the token count, 2 a found-inf flag, 3 a user metric.
+pub const SF_WINDOW_SUMS: usize = 4;
 pub const SF_RENDEZVOUS_MAX: usize = 256;
 
 /// Mirror of `sf_options` (version 1). Filled by `sf_options_init`, which is
@@ -161,7 +167,16 @@ pub struct Api {
     pub shard: Option<ShardApi>,
     /// sf_restore_windows (Since 0.4): None from an older library.
     restore_windows: Option<unsafe extern "C" fn(Ctx, i64) -> Status>,
+    /// The weighted-window calls (Since 0.4): None from an older library.
+    weighted: Option<WeightedApi>,
     _lib: Library,
+}
+
+/// The functions of weighted windows (sfsync 0.4).
+struct WeightedApi {
+    add_window_weight: unsafe extern "C" fn(Ctx, f64) -> Status,
+    add_window_sums: unsafe extern "C" fn(Ctx, *const f64, i32) -> Status,
+    get_window_totals: unsafe extern "C" fn(Ctx, *mut f64, *mut f64, i32) -> Status,
 }
 
 /// The functions of sharded windows (sfsync 0.3).
@@ -254,6 +269,13 @@ impl Api {
                 })
             })(),
             restore_windows: opt_sym!("sf_restore_windows"),
+            weighted: (|| {
+                Some(WeightedApi {
+                    add_window_weight: opt_sym!("sf_add_window_weight")?,
+                    add_window_sums: opt_sym!("sf_add_window_sums")?,
+                    get_window_totals: opt_sym!("sf_get_window_totals")?,
+                })
+            })(),
             _lib: lib,
         })
     }
@@ -484,6 +506,43 @@ impl<'a> Context<'a> {
             message: format!("sf_restore_windows: {} is older than sfsync 0.4 (no restarts)", self.api.path),
         })?;
         self.api.check("sf_restore_windows", unsafe { f(self.raw, windows_completed) })
+    }
+
+    fn weighted_api(&self, call: &'static str) -> Result<&WeightedApi, SfError> {
+        self.api.weighted.as_ref().ok_or_else(|| SfError {
+            call,
+            status: 6, // SF_ERR_UNSUPPORTED
+            status_text: "unsupported".into(),
+            message: format!("{call}: {} is older than sfsync 0.4 (no weighted windows)", self.api.path),
+        })
+    }
+
+    /// sf_add_window_weight (Since 0.4): add this rank's weight (e.g. a
+    /// micro-batch's tokens) to the window, before that micro-batch's
+    /// backward. SF_REDUCE_WEIGHTED contexts only.
+    pub fn add_window_weight(&self, weight: f64) -> Result<(), SfError> {
+        let w = self.weighted_api("sf_add_window_weight")?;
+        self.api.check("sf_add_window_weight", unsafe { (w.add_window_weight)(self.raw, weight) })
+    }
+
+    /// sf_add_window_sums (Since 0.4): add values[i] to window sum slot i
+    /// (1 <= values.len() <= SF_WINDOW_SUMS; the library checks the count).
+    pub fn add_window_sums(&self, values: &[f64]) -> Result<(), SfError> {
+        let w = self.weighted_api("sf_add_window_sums")?;
+        // The C count is an int32_t: a slice too long for it is passed as
+        // i32::MAX, which the library refuses with SF_ERR_INVALID_ARGUMENT.
+        let count = i32::try_from(values.len()).unwrap_or(i32::MAX);
+        self.api.check("sf_add_window_sums", unsafe { (w.add_window_sums)(self.raw, values.as_ptr(), count) })
+    }
+
+    /// sf_get_window_totals (Since 0.4): the global weight and the
+    /// SF_WINDOW_SUMS global sums of the last synchronized window.
+    pub fn window_totals(&self) -> Result<(f64, [f64; SF_WINDOW_SUMS]), SfError> {
+        let w = self.weighted_api("sf_get_window_totals")?;
+        let (mut weight, mut sums) = (0.0f64, [0.0f64; SF_WINDOW_SUMS]);
+        let status = unsafe { (w.get_window_totals)(self.raw, &mut weight, sums.as_mut_ptr(), SF_WINDOW_SUMS as i32) };
+        self.api.check("sf_get_window_totals", status)?;
+        Ok((weight, sums))
     }
 
     /// (bytes, gradient count, dtype) of bucket `index`.
