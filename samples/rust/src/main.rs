@@ -17,6 +17,19 @@
 //!   - exactly bucket_count collectives and gradient_bytes bytes per window.
 //! Any failed check makes the exit status 1; an sfsync error makes it 2.
 //!
+//! `--weighted` (sfsync 0.4, weighted windows): each micro-batch holds an
+//! unequal, deterministic number of samples ("tokens", 0..=2B), the loss is
+//! a plain sum, and the context reduces with SF_REDUCE_WEIGHTED: per
+//! micro-batch sf_add_window_weight(tokens) and sf_add_window_sums({loss
+//! sum, tokens, found-inf, 1}) before its backward. The reference divides
+//! the float64 sum of every rank's plain-sum gradients by the window's total
+//! count, and sf_get_window_totals must give that count (exactly) and the
+//! loss sum after every window. `--late-weight K` adds one more weight in
+//! window K after the buckets started: SF_ERR_INVALID_STATE naming bucket 0
+//! and the window, and the window's total without it. `--micro-mean`: the
+//! same data the plain data-parallel way (each micro-batch's mean loss / N,
+//! averaged over ranks) against the same token-mean reference: it differs.
+//!
 //! `--shard flat|parameter` trains with a sharded AdamW instead (sharded.rs),
 //! which can also stop after K windows with a checkpoint per rank
 //! (`--stop-after K --checkpoint PREFIX`) and resume from it in new
@@ -34,11 +47,12 @@ mod sharded;
 use std::ffi::c_void;
 use std::process::ExitCode;
 
-use model::{loss_and_grad, micro_batch, Params, NAMES, NUMEL};
+use model::{loss_and_grad, loss_and_grad_sum, micro_batch, tokens, Params, NAMES, NUMEL};
 use sfsync::{Api, Context, SfError, SfStats, SF_DTYPE_FLOAT32, SF_DTYPE_FLOAT64};
 
 const USAGE: &str = "usage: sfsync_trainer [--windows W] [--micro-batches N] [--batch B] [--lr LR]
                       [--tolerance T] [--seed S] [--bucket-cap-mb MB] [--first-bucket-cap-mb MB]
+                      [--weighted [--late-weight K] | --micro-mean]
                       [--shard flat|parameter [--stop-after K --checkpoint PREFIX]
                        [--resume PREFIX] [--weights-out PREFIX] [--expect-weights PREFIX]]
 Environment: SFSYNC_LIBRARY (default libsfsync.so.1), RANK, WORLD_SIZE, MASTER_ADDR,
@@ -54,6 +68,10 @@ struct Args {
     bucket_cap_mb: f64,
     first_bucket_cap_mb: f64,
     shard: Option<i32>,
+    /// How each window's gradient is normalized.
+    norm: Norm,
+    /// --weighted only: add a weight in window K after its buckets started.
+    late_weight: Option<usize>,
     /// Sharded only: train windows [0, K) (or from the checkpoint on), then
     /// write PREFIX.rank<R>.ckpt.
     stop_after: Option<usize>,
@@ -79,12 +97,26 @@ impl From<SfError> for RunError {
     }
 }
 
+/// The loss normalization of a run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Norm {
+    /// Every micro-batch has `--batch` samples; its mean loss / N, averaged
+    /// over ranks (the default).
+    BatchMean,
+    /// `--weighted`: micro-batches of `tokens()` samples, plain-sum loss,
+    /// SF_REDUCE_WEIGHTED with each micro-batch's count as its weight.
+    Weighted,
+    /// `--micro-mean`: the same micro-batches as `--weighted`, each one's
+    /// mean loss / N, averaged over ranks (plain data parallelism).
+    MicroMean,
+}
+
 /// Which tensors are float32 (w1, b1); the others are float64.
 const DTYPES_F32: [bool; 4] = [true, true, false, false];
 
 fn parse_args() -> Result<Args, String> {
     // Small caps so that the ~2.4 KB of gradients span several buckets
-    // (3 with the layout of model.rs: [b1] [b2 w2] [w1]).
+    // (2 with sfsync 0.4: [b2 w2] [b1 w1]; 3 with 0.1: [b1] [b2 w2] [w1]).
     let mut a = Args {
         windows: 6,
         micro_batches: 4,
@@ -95,6 +127,8 @@ fn parse_args() -> Result<Args, String> {
         bucket_cap_mb: 0.002,
         first_bucket_cap_mb: 0.001,
         shard: None,
+        norm: Norm::BatchMean,
+        late_weight: None,
         stop_after: None,
         checkpoint: None,
         resume: None,
@@ -105,6 +139,13 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
             return Err(String::new());
+        }
+        if flag == "--weighted" || flag == "--micro-mean" {
+            if a.norm != Norm::BatchMean {
+                return Err("--weighted and --micro-mean are given once, one of them".into());
+            }
+            a.norm = if flag == "--weighted" { Norm::Weighted } else { Norm::MicroMean };
+            continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let bad = |what: &str| format!("{flag} = '{value}' is not {what}");
@@ -124,6 +165,7 @@ fn parse_args() -> Result<Args, String> {
                     _ => return Err(bad("flat or parameter")),
                 })
             }
+            "--late-weight" => a.late_weight = Some(value.parse().map_err(|_| bad("a window index"))?),
             "--stop-after" => a.stop_after = Some(value.parse().map_err(|_| bad("a count"))?),
             "--checkpoint" => a.checkpoint = Some(value),
             "--resume" => a.resume = Some(value),
@@ -138,6 +180,14 @@ fn parse_args() -> Result<Args, String> {
     let restart = a.stop_after.is_some() || a.checkpoint.is_some() || a.resume.is_some() || a.weights_out.is_some() || a.expect_weights.is_some();
     if restart && a.shard.is_none() {
         return Err("--stop-after, --checkpoint, --resume, --weights-out and --expect-weights need --shard".into());
+    }
+    if a.norm != Norm::BatchMean && a.shard.is_some() {
+        return Err("--weighted and --micro-mean are not implemented with --shard in this sample".into());
+    }
+    if let Some(k) = a.late_weight {
+        if a.norm != Norm::Weighted || k >= a.windows {
+            return Err(format!("--late-weight {k} needs --weighted and a window below --windows {}", a.windows));
+        }
     }
     if a.stop_after.is_some() != a.checkpoint.is_some() {
         return Err("--stop-after K and --checkpoint PREFIX go together".into());
@@ -238,7 +288,12 @@ impl<'a> Trainer<'a> {
     /// `shard`: a sharded context (sf_shard_layout), every gradient with a
     /// parameter in the plugin's flat parameter buffer.
     fn new(api: &'a Api, args: &Args, shard: Option<i32>) -> Result<Trainer<'a>, SfError> {
-        let opts = api.options_init()?; // RANK, WORLD_SIZE, MASTER_* from the environment
+        let mut opts = api.options_init()?; // RANK, WORLD_SIZE, MASTER_* from the environment
+        match args.norm {
+            Norm::Weighted => opts.reduce_op = sfsync::SF_REDUCE_WEIGHTED,
+            Norm::MicroMean => opts.reduce_op = sfsync::SF_REDUCE_AVERAGE,
+            Norm::BatchMean => {} // SF_REDUCE from the environment (default average)
+        }
         let ctx = api.create(&opts)?;
         if let Some(layout) = shard {
             ctx.set_shard_layout(layout)?;
@@ -326,6 +381,68 @@ fn reference_step(p: &mut Params, args: &Args, world: usize, window: usize) {
     }
 }
 
+/// The token-mean reference of a weighted window: one SGD step on the
+/// float64 sum over ranks and micro-batches of the plain-sum gradients,
+/// divided by the window's total sample count. Returns (total count, loss sum).
+fn reference_step_weighted(p: &mut Params, args: &Args, world: usize, window: usize) -> (f64, f64) {
+    let mut sum: [Vec<f64>; 4] = NUMEL.map(|n| vec![0.0; n]);
+    let (mut count, mut loss) = (0usize, 0.0f64);
+    for r in 0..world {
+        for m in 0..args.micro_batches {
+            let samples = tokens(args.seed, r, window, m, args.batch);
+            let (l, g) = loss_and_grad_sum(p, &micro_batch(args.seed, r, window, m, samples));
+            count += samples;
+            loss += l;
+            for (st, gt) in sum.iter_mut().zip(&g) {
+                for (s, v) in st.iter_mut().zip(gt) {
+                    *s += v;
+                }
+            }
+        }
+    }
+    if count > 0 {
+        for (pt, st) in p.t.iter_mut().zip(&sum) {
+            for (w, g) in pt.iter_mut().zip(st) {
+                *w -= args.lr * (g / count as f64);
+            }
+        }
+    }
+    (count as f64, loss)
+}
+
+/// One micro-batch (m of n, window w) of this rank: forward, the window
+/// calls of `args.norm`, backward. Returns (its loss: the mean with
+/// Norm::BatchMean, else the sum; its samples).
+fn micro_step(trainer: &Trainer<'_>, args: &Args, params: &Params, rank: usize, w: usize, m: usize) -> Result<(f64, usize), SfError> {
+    let n = args.micro_batches as f64;
+    match args.norm {
+        Norm::BatchMean => {
+            let (l, g) = loss_and_grad(params, &micro_batch(args.seed, rank, w, m, args.batch));
+            trainer.backward(&g, 1.0 / n)?;
+            Ok((l, args.batch)) // the mean loss
+        }
+        Norm::Weighted => {
+            let t = tokens(args.seed, rank, w, m, args.batch);
+            // The weight before the backward; the sums (the loss is known
+            // after the forward) before any gradient is reported ready.
+            trainer.ctx.add_window_weight(t as f64)?;
+            let (l, g) = loss_and_grad_sum(params, &micro_batch(args.seed, rank, w, m, t));
+            let found_inf = g.iter().any(|t| t.iter().any(|v| !v.is_finite()));
+            trainer.ctx.add_window_sums(&[l, t as f64, found_inf as i32 as f64, 1.0])?;
+            trainer.backward(&g, 1.0)?;
+            Ok((l, t))
+        }
+        Norm::MicroMean => {
+            let t = tokens(args.seed, rank, w, m, args.batch);
+            // An empty micro-batch has no mean: it adds nothing (its
+            // gradients are still reported ready).
+            let (l, g) = loss_and_grad_sum(params, &micro_batch(args.seed, rank, w, m, t));
+            trainer.backward(&g, if t > 0 { 1.0 / (t as f64 * n) } else { 0.0 })?;
+            Ok((l, t))
+        }
+    }
+}
+
 /// Mean loss on a fixed held-out set no rank trains on.
 fn held_out_loss(p: &Params, args: &Args) -> f64 {
     (0..4).map(|m| loss_and_grad(p, &micro_batch(args.seed, usize::MAX, 0, m, 64)).0).sum::<f64>() / 4.0
@@ -336,6 +453,7 @@ fn reduce_name(op: i32) -> &'static str {
         sfsync::SF_REDUCE_AVERAGE => "average",
         sfsync::SF_REDUCE_SUM => "sum",
         sfsync::SF_REDUCE_PRESCALED_SUM => "prescaled_sum",
+        sfsync::SF_REDUCE_WEIGHTED => "weighted",
         _ => "?",
     }
 }
@@ -381,7 +499,6 @@ fn run(api: &Api, args: &Args, checks: &mut Checks) -> Result<(), RunError> {
     let mut reference = params.clone();
     let loss_before = held_out_loss(&params, args);
     let n = args.micro_batches;
-    let scale = 1.0 / n as f64;
     let mut worst = 0.0f64;
 
     for w in 0..args.windows {
@@ -399,17 +516,33 @@ fn run(api: &Api, args: &Args, checks: &mut Checks) -> Result<(), RunError> {
                 }
             }
         }
-        let mut loss = 0.0;
+        let (mut loss, mut samples) = (0.0, 0usize);
         for m in 0..n - 1 {
-            let (l, g) = loss_and_grad(&params, &micro_batch(args.seed, rank, w, m, args.batch));
+            let (l, t) = micro_step(&trainer, args, &params, rank, w, m)?;
             loss += l;
-            trainer.backward(&g, scale)?;
+            samples += t;
         }
         ctx.end_accumulation()?;
         let s1 = ctx.stats()?;
-        let (l, g) = loss_and_grad(&params, &micro_batch(args.seed, rank, w, n - 1, args.batch));
+        let (l, t) = micro_step(&trainer, args, &params, rank, w, n - 1)?; // outside the window: buckets start here
         loss += l;
-        trainer.backward(&g, scale)?; // outside the window: buckets start here
+        samples += t;
+        if args.late_weight == Some(w) {
+            // Every bucket has started (each gradient was reported ready):
+            // a weight now would miss the window. It must be refused, naming
+            // bucket 0 and the window (the library numbers windows from 1),
+            // and not be added (the window totals below must not include it).
+            let number = s0.windows_completed + 1;
+            match ctx.add_window_weight(1000.0) {
+                Ok(()) => checks.expect(false, format!("window {w}: a weight after the buckets started was accepted")),
+                Err(e) => {
+                    println!("expected error: {e}");
+                    checks.eq(&format!("window {w}: status of a late sf_add_window_weight"), e.status as i64, 2);
+                    let names = format!("bucket 0 of window {number} has started reducing");
+                    checks.expect(e.message.contains(&names), format!("window {w}: sf_last_error() does not say '{names}': '{}'", e.message));
+                }
+            }
+        }
         ctx.synchronize()?;
         let s2 = ctx.stats()?;
 
@@ -438,15 +571,41 @@ fn run(api: &Api, args: &Args, checks: &mut Checks) -> Result<(), RunError> {
         ctx.zero_gradients()?;
         checks.expect(trainer.grads.iter().all(|g| g.to_f64().iter().all(|&v| v == 0.0)), format!("window {w}: gradients not zero after sf_zero_gradients"));
 
-        reference_step(&mut reference, args, world, w);
+        let mut totals = String::new();
+        if args.norm == Norm::BatchMean {
+            reference_step(&mut reference, args, world, w);
+        } else {
+            let (ref_count, ref_loss) = reference_step_weighted(&mut reference, args, world, w);
+            if args.norm == Norm::Weighted {
+                // The window's global weight and sums, delivered with the
+                // gradients: the counts exact, the loss sum as the reference
+                // computes it on its own weights.
+                let (weight, sums) = ctx.window_totals()?;
+                checks.expect(weight == ref_count, format!("window {w}: global weight {weight} != the reference's count {ref_count}"));
+                checks.expect(sums[1] == ref_count, format!("window {w}: token sum {} != the reference's count {ref_count}", sums[1]));
+                let loss_err = (sums[0] - ref_loss).abs() / ref_loss.abs().max(1.0);
+                checks.expect(loss_err < args.tolerance, format!("window {w}: loss sum {} vs the reference's {ref_loss}: relative {loss_err:.3e}", sums[0]));
+                checks.expect(sums[2] == 0.0, format!("window {w}: found-inf sum {}", sums[2]));
+                checks.eq(&format!("window {w}: micro-batch sum"), sums[3] as i64, (world * n) as i64);
+                totals = format!(
+                    ", window totals: weight {weight} (reference {ref_count}), loss sum {:.9} (reference {ref_loss:.9}), tokens {}, found-inf {}, micro-batches {}",
+                    sums[0], sums[1], sums[2], sums[3]
+                );
+            }
+        }
         let diff = params.max_abs_diff(&reference);
         worst = worst.max(diff);
         checks.expect(diff < args.tolerance, format!("window {w}: max |w - w_ref| = {diff:.3e} exceeds tolerance {:.1e}", args.tolerance));
         println!(
-            "window {w}: collectives {collectives} (buckets {}, inside window {inside}, early {early}), bytes {bytes} (gradient bytes {}), local loss {:.6}, max |w - w_ref| {diff:.3e}",
+            "window {w}: collectives {collectives} (buckets {}, inside window {inside}, early {early}), bytes {bytes} (gradient bytes {}), local loss {:.6}{}, max |w - w_ref| {diff:.3e}{totals}",
             s2.bucket_count,
             s2.gradient_bytes,
-            loss / n as f64
+            match args.norm {
+                Norm::BatchMean => loss / n as f64, // the mean of the micro-batch means
+                _ if samples > 0 => loss / samples as f64,
+                _ => 0.0,
+            },
+            if args.norm == Norm::BatchMean { String::new() } else { format!(" ({samples} samples)") }
         );
     }
 
@@ -454,8 +613,15 @@ fn run(api: &Api, args: &Args, checks: &mut Checks) -> Result<(), RunError> {
     checks.expect(loss_after < loss_before, format!("held-out loss did not decrease: {loss_before:.6} -> {loss_after:.6}"));
     let st = ctx.stats()?;
     checks.eq("total collectives", st.collectives_issued, args.windows as i64 * st.bucket_count);
+    // The size of a miss, against how far the reference moved the weights.
+    let moved = format!("; the reference moved the weights by up to {:.3e}", reference.max_abs_diff(&Params::init(args.seed)));
+    let (against, moved) = match args.norm {
+        Norm::BatchMean => ("", String::new()),
+        Norm::Weighted => (" (weighted windows against the token-mean reference)", moved),
+        Norm::MicroMean => (" (per-micro-batch means against the token-mean reference)", moved),
+    };
     println!(
-        "parity: max |w - w_ref| = {worst:.3e} over {} windows x {n} micro-batches x {world} ranks (tolerance {:.1e}); held-out loss {loss_before:.6} -> {loss_after:.6}; {} collectives, {} bytes in all",
+        "parity{against}: max |w - w_ref| = {worst:.3e} over {} windows x {n} micro-batches x {world} ranks (tolerance {:.1e}){moved}; held-out loss {loss_before:.6} -> {loss_after:.6}; {} collectives, {} bytes in all",
         args.windows, args.tolerance, st.collectives_issued, st.bytes_reduced
     );
     Ok(())

@@ -104,12 +104,35 @@ pub fn micro_batch(seed: u64, rank: usize, window: usize, micro: usize, batch: u
     MicroBatch { x, y, batch }
 }
 
+/// Weighted windows (sfsync 0.4): the number of samples ("tokens") of the
+/// micro-batch of (rank, window, micro-batch), unequal across ranks and
+/// micro-batches: 0..=2*batch (0: a micro-batch that is all padding). A pure
+/// function of its arguments, as `micro_batch` is.
+pub fn tokens(seed: u64, rank: usize, window: usize, micro: usize, batch: usize) -> usize {
+    let key = seed
+        ^ 0x70C3_E500_0000_0003
+        ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (window as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ (micro as u64).wrapping_mul(0x1656_67B1_9E37_79F9);
+    (Rng::new(key).next_u64() % (2 * batch as u64 + 1)) as usize
+}
+
 /// Loss 0.5 * mean over the batch of |net(x) - y|^2, and its gradient with
 /// respect to every parameter tensor (same layout as `Params::t`).
 pub fn loss_and_grad(p: &Params, mb: &MicroBatch) -> (f64, [Vec<f64>; 4]) {
+    loss_and_grad_scaled(p, mb, 1.0 / mb.batch as f64)
+}
+
+/// Loss 0.5 * sum over the batch of |net(x) - y|^2 (a plain sum: what a
+/// weighted window divides by the global count), and its gradient.
+pub fn loss_and_grad_sum(p: &Params, mb: &MicroBatch) -> (f64, [Vec<f64>; 4]) {
+    loss_and_grad_scaled(p, mb, 1.0)
+}
+
+/// Each sample's 0.5 * |net(x) - y|^2 times `inv_b`, summed, and its gradient.
+fn loss_and_grad_scaled(p: &Params, mb: &MicroBatch, inv_b: f64) -> (f64, [Vec<f64>; 4]) {
     let [w1, b1, w2, b2] = &p.t;
     let mut g: [Vec<f64>; 4] = [vec![0.0; NUMEL[0]], vec![0.0; NUMEL[1]], vec![0.0; NUMEL[2]], vec![0.0; NUMEL[3]]];
-    let inv_b = 1.0 / mb.batch as f64;
     let mut loss = 0.0;
     let mut h = [0.0f64; HIDDEN];
     let mut dh = [0.0f64; HIDDEN];
@@ -171,6 +194,31 @@ mod tests {
             }
         }
         assert!(worst < 1e-7, "worst |finite difference - analytic| = {worst:e}");
+    }
+
+    #[test]
+    fn sum_loss_is_batch_times_mean_loss() {
+        let p = Params::init(5);
+        let mb = micro_batch(5, 1, 0, 3, 7);
+        let ((lm, gm), (ls, gs)) = (loss_and_grad(&p, &mb), loss_and_grad_sum(&p, &mb));
+        assert!((ls - 7.0 * lm).abs() < 1e-12 * ls.abs());
+        for t in 0..4 {
+            for (a, b) in gm[t].iter().zip(&gs[t]) {
+                assert!((7.0 * a - b).abs() < 1e-12, "tensor {t}: 7 * {a} vs {b}");
+            }
+        }
+        // An empty micro-batch: no loss, no gradient (not a NaN).
+        let (l0, g0) = loss_and_grad_sum(&p, &micro_batch(5, 1, 0, 3, 0));
+        assert_eq!(l0, 0.0);
+        assert!(g0.iter().all(|t| t.iter().all(|&v| v == 0.0)));
+    }
+
+    #[test]
+    fn tokens_are_unequal_and_bounded() {
+        let t: Vec<usize> = (0..64).map(|k| tokens(2024, k % 2, k / 8, k % 8, 8)).collect();
+        assert!(t.iter().all(|&n| n <= 16));
+        assert!(t.iter().any(|&n| n != t[0]));
+        assert_eq!(tokens(2024, 1, 2, 3, 8), tokens(2024, 1, 2, 3, 8));
     }
 
     #[test]
