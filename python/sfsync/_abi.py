@@ -42,6 +42,7 @@ DEVICE_CUDA = 1
 REDUCE_AVERAGE = 0
 REDUCE_SUM = 1
 REDUCE_PRESCALED_SUM = 2
+REDUCE_WEIGHTED = 3  # since 0.4: sum / the window's global weight
 
 BACKEND_AUTO = 0
 BACKEND_GLOO = 1
@@ -57,6 +58,10 @@ LOG_NONE = 0
 LOG_WARN = 1
 LOG_INFO = 2
 LOG_TRACE = 3
+
+#: Float64 window sums per window (Since 0.4): slots 0 loss sum, 1 token
+#: count, 2 a found-inf flag, 3 a user metric, by convention.
+WINDOW_SUMS = 4
 
 STORE_OK = 0
 STORE_TIMEOUT = 1
@@ -240,6 +245,10 @@ PROTOTYPES = {
     "sf_bucket_info": _fn(_STATUS, [_P, _c.c_int64, _c.POINTER(_c.c_int64),
                                     _c.POINTER(_c.c_int64), _c.POINTER(_c.c_int32)]),
     "sf_restore_windows": _fn(_STATUS, [_P, _c.c_int64], "0.4"),
+    "sf_add_window_weight": _fn(_STATUS, [_P, _c.c_double], "0.4"),
+    "sf_add_window_sums": _fn(_STATUS, [_P, _c.POINTER(_c.c_double), _c.c_int32], "0.4"),
+    "sf_get_window_totals": _fn(_STATUS, [_P, _c.POINTER(_c.c_double), _c.POINTER(_c.c_double),
+                                          _c.c_int32], "0.4"),
     "sf_backend_available": _fn(_STATUS, [_c.c_int32]),
     "sf_set_cuda_stream": _fn(_STATUS, [_P, _c.c_void_p]),
     "sf_adopt_nccl_comm": _fn(_STATUS, [_P, _c.c_void_p]),

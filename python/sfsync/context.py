@@ -19,7 +19,7 @@ import weakref
 from sfsync._abi import (DEVICE_CUDA, DEVICE_HOST, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32,
                          DTYPE_FLOAT64, ERR_INTERNAL, ERR_INVALID_ARGUMENT, ERR_INVALID_STATE, ERR_UNSUPPORTED,
                          LOG_WARN, REDUCE_AVERAGE, REDUCE_PRESCALED_SUM, REDUCE_SUM,
-                         RENDEZVOUS_MAX, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
+                         REDUCE_WEIGHTED, RENDEZVOUS_MAX, WINDOW_SUMS, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
                          STORE_TIMEOUT, Options, Stats, Store)
 from sfsync._abi import _ContextPtr  # the binding's opaque pointer type (see loader.py)
 from sfsync.loader import BACKEND_NAMES, error, lib, loaded, log, prefer_torch_cuda_libraries
@@ -36,8 +36,19 @@ _NUMPY_DTYPES = {DTYPE_FLOAT32: "float32", DTYPE_FLOAT64: "float64", DTYPE_FLOAT
 _CTYPES_ELEMENTS = {DTYPE_FLOAT32: ctypes.c_float, DTYPE_FLOAT64: ctypes.c_double,
                     DTYPE_FLOAT16: ctypes.c_uint16, DTYPE_BFLOAT16: ctypes.c_uint16}
 
-_REDUCE_NAMES = {"average": REDUCE_AVERAGE, "sum": REDUCE_SUM,
-                 "prescaled_sum": REDUCE_PRESCALED_SUM}
+#: The names options() takes for reduce_op (SF_REDUCE's) and wire_dtype.
+REDUCE_NAMES = {"average": REDUCE_AVERAGE, "sum": REDUCE_SUM,
+                "prescaled_sum": REDUCE_PRESCALED_SUM, "weighted": REDUCE_WEIGHTED}
+WIRE_NAMES = {"float32": DTYPE_FLOAT32, "fp32": DTYPE_FLOAT32, "float16": DTYPE_FLOAT16,
+              "fp16": DTYPE_FLOAT16, "bfloat16": DTYPE_BFLOAT16, "bf16": DTYPE_BFLOAT16}
+
+
+def _named(table, key, value):
+    try:
+        return table[value]
+    except KeyError:
+        raise error(ERR_INVALID_ARGUMENT, "options: %s = %r is not one of %s"
+                    % (key, value, ", ".join(sorted(table)))) from None
 
 
 def _address_and_size(data, nbytes=None):
@@ -91,15 +102,18 @@ def _set_fields(opts, overrides):
         elif key == "backend" and isinstance(value, str):
             value = BACKEND_NAMES[value]
         elif key == "reduce_op" and isinstance(value, str):
-            value = _REDUCE_NAMES[value]
+            value = _named(REDUCE_NAMES, key, value)
+        elif key == "wire_dtype" and isinstance(value, str):
+            value = _named(WIRE_NAMES, key, value)
         setattr(opts, key, value)
     return opts
 
 
 def options(**overrides):
     """An Options filled by sf_options_init (defaults + SF_* / torchrun
-    environment), then ``overrides`` (field=value; backend and reduce_op also
-    take their names, e.g. backend="gloo", reduce_op="sum")."""
+    environment), then ``overrides`` (field=value; backend, reduce_op and
+    wire_dtype also take their names, e.g. backend="gloo", reduce_op="sum" or
+    "weighted", wire_dtype="bfloat16")."""
     opts = Options()
     lib().sf_options_init(ctypes.byref(opts), ctypes.sizeof(opts))
     return _set_fields(opts, overrides)
@@ -439,6 +453,38 @@ class Context:
         Raises InvalidArgumentError for a negative count and
         InvalidStateError once a window began or a synchronization ran."""
         lib().sf_restore_windows(self.handle, int(windows_completed))
+
+    # -- weighted windows (Since 0.4)
+
+    def add_window_weight(self, weight):
+        """sf_add_window_weight: add ``weight`` (e.g. a micro-batch's token
+        count, before its backward) to this rank's weight for the current
+        window; reduce_op "weighted" only. Local, no communication. Raises
+        InvalidArgumentError for a negative or non-finite weight,
+        InvalidStateError when the window's last pass has started reducing
+        (the message names the bucket and the window; nothing is added)."""
+        lib().sf_add_window_weight(self.handle, float(weight))
+
+    def add_window_sums(self, values):
+        """sf_add_window_sums: add values[i] to this rank's window sum slot i
+        (1..WINDOW_SUMS values; by convention 0 loss sum, 1 token count, 2 a
+        found-inf flag, 3 a user metric). Same timing rules and errors as
+        add_window_weight."""
+        values = [float(v) for v in values]
+        if not 1 <= len(values) <= WINDOW_SUMS:
+            raise error(ERR_INVALID_ARGUMENT, "add_window_sums: %d values, 1..%d fit"
+                        % (len(values), WINDOW_SUMS))
+        array = (ctypes.c_double * len(values))(*values)
+        lib().sf_add_window_sums(self.handle, array, len(values))
+
+    def window_totals(self):
+        """sf_get_window_totals: (global weight, [WINDOW_SUMS global sums]) of
+        the last synchronized window (sums over every rank of what each
+        added). InvalidStateError before the first weighted window completed."""
+        weight = ctypes.c_double()
+        sums = (ctypes.c_double * WINDOW_SUMS)()
+        lib().sf_get_window_totals(self.handle, ctypes.byref(weight), sums, WINDOW_SUMS)
+        return weight.value, list(sums)
 
     def bucket_info(self, index):
         """sf_bucket_info: {"bytes", "gradient_count", "dtype"} of bucket ``index``."""

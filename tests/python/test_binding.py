@@ -68,7 +68,7 @@ def c_pointers():
             "const sf_store*": c.POINTER(sfsync.Store),
             "sf_launch_info*": c.POINTER(sfsync.LaunchInfo),
             "int64_t*": c.POINTER(c.c_int64), "uint64_t*": c.POINTER(c.c_uint64),
-            "double*": c.POINTER(c.c_double),
+            "double*": c.POINTER(c.c_double), "const double*": c.POINTER(c.c_double),
             "void**": c.POINTER(c.c_void_p), "sf_dtype*": c.POINTER(c.c_int32)}
 
 
@@ -980,6 +980,50 @@ class TwoRanksInOneProcess(unittest.TestCase):
                 self.assertEqual(inside, stats["bucket_count"] * window)
                 self.assertEqual(stats["collectives_issued"], stats["bucket_count"] * (window + 1))
                 self.assertEqual(stats["bytes_reduced"], 4 * 5307 * (window + 1))
+
+    def test_weighted_window_divides_by_the_global_weight(self):
+        """reduce_op="weighted" (Since 0.4) through the binding: the sum over
+        ranks divided by the sum of every rank's weights, the window sums
+        delivered, and the same collectives and bytes as an averaging
+        window (nothing added on the wire's count)."""
+        def body(ctx, rank):
+            ids = [ctx.add_gradient(n, sfsync.DTYPE_FLOAT64, name="g%d" % n) for n in (7, 3000)]
+            views = [ctx.gradient_array(i) for i in ids]
+            out = []
+            for window in range(2):
+                with ctx.accumulate():
+                    for v in views:
+                        v += rank + 1
+                    ctx.add_window_weight(3 + rank)
+                    ctx.add_window_sums([0.25, rank + 1])
+                for v in views:
+                    v += 10 * (rank + 1)
+                ctx.add_window_weight(2)
+                ctx.add_window_sums([0.5, 1, 0, 7])
+                ctx.synchronize()
+                out.append(([v.copy() for v in views], ctx.window_totals(), ctx.stats()))
+                ctx.zero_gradients()
+            return out
+
+        def weighted(rank, name):
+            return sfsync.Context(rank=rank, world_size=2, rendezvous=name, timeout_ms=20000,
+                                  reduce_op="weighted")
+        name = "memory://pytest-%s" % uuid.uuid4().hex
+        results, errors = run_thread_ranks(self, 2, lambda rank: weighted(rank, name), body)
+        self.assertEqual(errors, [None, None])
+        plain, errors = self.run_ranks(lambda ctx, rank: [
+            ctx.add_gradient(7, sfsync.DTYPE_FLOAT64), ctx.add_gradient(3000, sfsync.DTYPE_FLOAT64),
+            [ctx.synchronize() for _ in range(2)], ctx.stats()][-1])
+        self.assertEqual(errors, [None, None])
+        for rank in (0, 1):
+            for window, (values, (weight, sums), stats) in enumerate(results[rank]):
+                self.assertEqual(weight, 3 + 4 + 2 + 2)
+                self.assertEqual(sums, [1.5, 5.0, 0.0, 14.0])
+                for v in values:  # (1 + 10 + 2 + 20) / 11
+                    self.assertTrue(np.all(v == 33 / 11), (rank, window, v[:3]))
+            stats = results[rank][-1][2]
+            for key in ("collectives_issued", "bytes_reduced", "bucket_count"):
+                self.assertEqual(stats[key], plain[rank][key], key)
 
     def test_different_restored_counts_fail_on_every_rank(self):
         def body(ctx, rank):
