@@ -493,12 +493,18 @@ SF_API sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed);
  *   Each synchronization starts the next window's weight and sums at 0.
  * - A global weight of 0 (no rank added any) fails that sf_synchronize with
  *   SF_ERR_INVALID_STATE naming the window, on every rank; the gradients are
- *   left as the plain sums (never divided by 0), the context stays usable.
+ *   left as the plain sums (never divided by 0), the context stays usable,
+ *   the window counts as synchronized, and sf_get_window_totals reports its
+ *   weight 0 (how a host tells it from other errors: skip the step).
  * - World size 1: the local weight divides; nothing travels.
  */
 
-/* Float64 window sums per window (Since 0.4). */
+/* Float64 window sums per window, and the slots' conventional uses (Since 0.4). */
 #define SF_WINDOW_SUMS 4
+#define SF_WINDOW_SUM_LOSS 0      /* the loss summed over the window's tokens */
+#define SF_WINDOW_SUM_TOKENS 1    /* the tokens (or samples) counted */
+#define SF_WINDOW_SUM_FOUND_INF 2 /* 1 where a rank found an inf/NaN (sum > 0: some rank did) */
+#define SF_WINDOW_SUM_USER 3      /* the host's own metric */
 
 /**
  * Add `weight` to this rank's weight for the current window (e.g. the
