@@ -101,6 +101,15 @@ class HostWindow:
         self.windows += 1
         self.step_ready = True
 
+    def fail_window(self):
+        """The window's synchronization failed and ended it (a weighted
+        window of global weight 0): the next pass starts a new window, and
+        there is no step (is_step() stays False)."""
+        self.passes = 0
+        self._decided = None
+        self.windows += 1
+        self.step_ready = False
+
     # -- the counter
 
     def set_accumulation_steps(self, n):

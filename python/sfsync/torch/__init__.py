@@ -31,6 +31,12 @@ costs one pass over the weights' bytes (1-3 ms per 10 MB measured here) plus
 one small collective; K = 100 costs nothing measurable, K = 1 is for
 debugging.
 
+Per-token loss over whole windows (0.4): ``GradientSync(model,
+reduce="weighted")``, a summed loss and ``sync.weigh(tokens)`` per
+micro-batch give every rank the window's token-mean gradient, the divisor
+travelling with the gradients (no extra collective); ``sync.window_sums()``
+returns the window's loss and token sums the same way (``weighted``).
+
 Where sfsync meets its peers (the rule, see ``make_context``):
 
 1. ``torch.distributed`` initialized: through torch's own store
@@ -54,7 +60,8 @@ The package, one module per concern (each says what it owns and what not):
 decision), ``verify`` (replica checks), ``face`` (what every host face
 shares: the HostWindow, no_sync, the face's state dict), ``gradient_sync``
 (GradientSync), ``ddp`` (attach, DDPSync, the comm hook), ``optim``
-(SyncOptimizer; ``optim_state`` its state dicts), ``rendezvous``
+(SyncOptimizer; ``optim_state`` its state dicts), ``weighted`` (weigh,
+window_sums), ``rendezvous``
 (make_context, the c10d store), ``integrations/`` (Accelerate, Lightning,
 transformers: one file each). This module only re-exports their public
 names; ``sfsync.optim`` and ``sfsync.integrations`` are their 0.3 locations.

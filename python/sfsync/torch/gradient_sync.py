@@ -26,6 +26,7 @@ from sfsync.torch.face import SET_TO_NONE_DEFAULT, WindowFace, check_counts, set
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.store import GradientStore, broadcast_tensors
 from sfsync.torch.verify import Verifier, named_state
+from sfsync.torch.weighted import Weighing, is_weighted, reduce_option
 
 __all__ = ["GradientSync"]
 
@@ -37,13 +38,13 @@ def _queue_callback(fn):
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
-class GradientSync(WindowFace):
+class GradientSync(WindowFace, Weighing):
     """Attaches an nn.Module's parameters to an sfsync context, in place of DDP.
 
     ``GradientSync(module, context=None, *, accumulation_steps=None,
     flat_buffer=True, hooks=True, broadcast=True, broadcast_buffers=True,
     find_unused_parameters=True, verify_every=None, verify_buffers=False,
-    store=None, bucket_cap_mb=None, first_bucket_cap_mb=None, **options)``
+    store=None, bucket_cap_mb=None, first_bucket_cap_mb=None, reduce=None, **options)``
 
     * Windows, as DDP's: the passes inside ``with sync.no_sync():`` (forward
       and backward) stay local; the first backward pass outside synchronizes
@@ -60,6 +61,18 @@ class GradientSync(WindowFace):
     * Loss scaling is the caller's: gradients are averaged over ranks and
       summed over the window's passes, so divide each micro-batch's loss by N
       to get DDP's ``no_sync()`` result.
+    * ``reduce="weighted"`` (0.4; the same as the context option
+      ``reduce_op="weighted"``, either may be given): the loss is a plain
+      sum (e.g. over tokens), ``sync.weigh(n)`` adds each micro-batch's
+      weight before its backward, and every gradient is the sum over ranks
+      and micro-batches divided by the window's global weight: the token
+      mean of the whole window, with no extra collective.
+      ``sync.add_window_sums(loss=..., tokens=...)`` and ``sync.window_sums()``
+      carry metrics the same way (sfsync/torch/weighted.py). A window whose
+      global weight is 0 raises sfsync.InvalidStateError from its last
+      ``backward()`` on every rank (its gradients are the plain sums; no
+      step: ``is_step()`` stays False; zero them and go on). ``reduce`` also
+      takes "average" (the default) and "sum".
     * At attach: connect (collective), broadcast parameters and buffers from
       rank 0 (``broadcast``). After each synchronization the buffers (e.g.
       BatchNorm statistics) are broadcast from rank 0 (``broadcast_buffers``).
@@ -109,8 +122,10 @@ class GradientSync(WindowFace):
                  hooks=True, broadcast=True, broadcast_buffers=True, find_unused_parameters=True,
                  verify_every=None, verify_buffers=False, store=None, bucket_cap_mb=None,
                  first_bucket_cap_mb=None, connect=True, shard_optimizer=False,
-                 shard_layout="flat", accumulate_dtype=None, device_ops=None, **options):
+                 shard_layout="flat", accumulate_dtype=None, device_ops=None, reduce=None,
+                 **options):
         check_counts("GradientSync", accumulation_steps, verify_every)
+        options = reduce_option(reduce, options, context)
         self.context = None  # (close() needs it, whatever fails below)
         other = _attached.get(module)
         other = other() if other is not None else None
@@ -130,6 +145,7 @@ class GradientSync(WindowFace):
         self.shard_optimizer = bool(shard_optimizer)
         self.shard_layout = shard_layout if shard_optimizer else "none"
         self._optimizer = None  # sync.optimizer(...): steps per bucket (sfsync/torch/optim.py)
+        self._weighted = False  # reduce_op "weighted" (weighted.py), known once the context is
         self._window = HostWindow("GradientSync", accumulation_steps)
         self.module = module
         self.params, self.names = self._trainable(module)
@@ -176,6 +192,7 @@ class GradientSync(WindowFace):
             self.store.register()
             o = ctx.options()
             self.rank, self.world_size = o["rank"], o["world_size"]
+            self._weighted = is_weighted(ctx)
             if connect and self.world_size > 1:
                 ctx.connect()
             if broadcast and self.world_size > 1:
@@ -384,12 +401,21 @@ class GradientSync(WindowFace):
                     "optimizer.zero_grad(set_to_none=True) or an assignment to .grad inside the "
                     "window)" % (name, "None" if p.grad is None else "another tensor"))
         self.store.before_plugin()  # (hooks=False: no grad_ready ordered the last pass)
-        if self._optimizer is not None:  # final now, or bucket by bucket in opt.step()
-            self._optimizer.window_closed()
-        else:
-            self.context.synchronize()
-            self.store.after_plugin()  # the current stream after the reduction
-            self._after_synchronize()
+        try:
+            if self._optimizer is not None:  # final now, or bucket by bucket in opt.step()
+                self._optimizer.window_closed()
+            else:
+                self.context.synchronize()
+                self.store.after_plugin()  # the current stream after the reduction
+                self._after_synchronize()
+        except sfsync.InvalidStateError:
+            if self._weighted:
+                # The plugin refused the window (global weight 0) and stays
+                # usable: the window is over, without a step.
+                if self._optimizer is not None:
+                    self._optimizer.window_failed()
+                self._window.fail_window()
+            raise
         self._window.close_window()
 
     def _after_synchronize(self):

@@ -331,6 +331,12 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         if not self.overlap_step:
             self._synchronize(whole=True)
 
+    def window_failed(self):
+        """The window's synchronization failed and the plugin ended it (a
+        weighted window of global weight 0): nothing to wait for, no step."""
+        self._waited = set(range(self._buckets))
+        self._phase = Phase.IDLE
+
     def window_starts(self):
         """A new window starts (forward at its start): a window that was
         closed without a step is synchronized now (the step is skipped)."""
