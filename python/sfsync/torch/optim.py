@@ -538,7 +538,10 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             shard.allreduce_float64(self._sync.context, t)
             total = float(t[0])
         norm = total ** (1.0 / norm_type)
-        coef = torch.clamp(torch.tensor(max_norm / (norm + 1e-6), dtype=torch.float32), max=1.0)
+        # in the gradients' precision, as torch's clip (float32 unless float64)
+        wide = any(g.dtype == torch.float64 for g in grads)
+        coef = torch.clamp(torch.tensor(max_norm / (norm + 1e-6),
+                                        dtype=torch.float64 if wide else torch.float32), max=1.0)
         if self._sharded:
             self._scale = coef
         else:
