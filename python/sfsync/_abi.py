@@ -59,9 +59,12 @@ LOG_WARN = 1
 LOG_INFO = 2
 LOG_TRACE = 3
 
-#: Float64 window sums per window (Since 0.4): slots 0 loss sum, 1 token
-#: count, 2 a found-inf flag, 3 a user metric, by convention.
+#: Float64 window sums per window, and the slots' conventional uses (Since 0.4).
 WINDOW_SUMS = 4
+WINDOW_SUM_LOSS = 0       # the loss summed over the window's tokens
+WINDOW_SUM_TOKENS = 1     # the tokens (or samples) counted
+WINDOW_SUM_FOUND_INF = 2  # 1 where a rank found an inf/NaN
+WINDOW_SUM_USER = 3       # the host's own metric
 
 STORE_OK = 0
 STORE_TIMEOUT = 1

@@ -409,7 +409,7 @@ class GradientSync(WindowFace, Weighing):
                 self.store.after_plugin()  # the current stream after the reduction
                 self._after_synchronize()
         except sfsync.InvalidStateError:
-            if self._weighted:
+            if self._weighted and self._zero_weight():
                 # The plugin refused the window (global weight 0) and stays
                 # usable: the window is over, without a step.
                 if self._optimizer is not None:
@@ -417,6 +417,14 @@ class GradientSync(WindowFace, Weighing):
                 self._window.fail_window()
             raise
         self._window.close_window()
+
+    def _zero_weight(self):
+        """The window just refused was one of global weight 0 (the plugin
+        then reports that weight for it), not another failure."""
+        try:
+            return self.context.window_totals()[0] == 0
+        except sfsync.SfError:
+            return False
 
     def _after_synchronize(self):
         """Every bucket reduced: accumulated parameters' .grad (publish),
