@@ -477,8 +477,16 @@ SF_API sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed);
  * wire: the widening), so there is no second pass over the gradients.
  * Collectives per window and sf_stats.bytes_reduced are those of an
  * unweighted window; the wire carries a few elements more per bucket (the
- * limbs). Host (Gloo) buckets only: a context whose buckets include CUDA
- * ones fails the build with SF_ERR_UNSUPPORTED.
+ * limbs). A bucket travels as one piece (no lanes within it) so that its
+ * weight is read before any element is scaled. CUDA buckets (NCCL): a plain
+ * ncclSum, then, on the plugin's stream, the limbs read back (a few bytes
+ * through the host's stream, when the bucket is waited for) and the bucket
+ * multiplied by 1 / weight by a pre-multiplied sum on a one-rank NCCL
+ * communicator: NCCL cannot divide by a value its own collective produced,
+ * so on a GPU the division is one more pass over the bucket, ordered before
+ * the bucket's completion event. A device bucket's limbs must fit one
+ * 256-byte write (float32: up to 4096 ranks; bfloat16: 16), else the build
+ * fails with SF_ERR_UNSUPPORTED.
  *
  * Window sums ride in the same way, in the first bucket: SF_WINDOW_SUMS
  * float64 slots that every rank adds to during the window (by convention

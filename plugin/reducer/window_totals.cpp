@@ -16,16 +16,7 @@ void WindowTotals::plan(const std::vector<PlannedBucket>& plan, int64_t world,
   codecs_.clear();
   carried_.clear();
   at_ = after;
-  if (!weighted) return;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    if (plan[i].device != SF_DEVICE_HOST) {
-      fail(SF_ERR_UNSUPPORTED,
-           "reduce_op = SF_REDUCE_WEIGHTED: bucket " + std::to_string(i) + " holds " +
-               deviceName(plan[i].device) +
-               " gradients; weighted windows divide host (Gloo) buckets only in this version");
-    }
-  }
-  if (world <= 1) return;
+  if (!weighted || world <= 1) return;
   for (size_t i = 0; i < plan.size(); ++i) {
     // A float32 bucket on a 16-bit wire carries its limbs as that type.
     sf_dtype carried = plan[i].dtype;
@@ -42,6 +33,16 @@ void WindowTotals::plan(const std::vector<PlannedBucket>& plan, int64_t world,
     }
     codecs_.push_back(c);
     carried_.push_back(carried);
+    // A device bucket's limbs reach it in one small write (at most 256 bytes).
+    const int64_t bytes = int64_t(c.limbs) * (i == 0 ? 1 + kSums : 1) * int64_t(dtypeSize(plan[i].dtype));
+    if (plan[i].device != SF_DEVICE_HOST && bytes > kMaxDeviceWrite) {
+      fail(SF_ERR_UNSUPPORTED,
+           "reduce_op = SF_REDUCE_WEIGHTED: bucket " + std::to_string(i) + " (" +
+               deviceName(plan[i].device) + ", " + dtypeName(carried) + ") would need " +
+               std::to_string(bytes) + " bytes of weight limbs for " + std::to_string(world) +
+               " ranks, more than one small device write holds (" +
+               std::to_string(kMaxDeviceWrite) + "); float32 buckets hold them up to 4096 ranks");
+    }
   }
 }
 

@@ -29,6 +29,7 @@ namespace sfsync {
 class WindowTotals {
  public:
   static constexpr int kSums = SF_WINDOW_SUMS;
+  static constexpr int64_t kMaxDeviceWrite = 256;  // MemoryOps::writeSmall on a device
   struct Totals {
     double weight = 0;
     std::array<double, kSums> sums{};
@@ -36,9 +37,10 @@ class WindowTotals {
 
   // At the build, for `plan` on `world` ranks; `after[i]`: the elements of
   // bucket i's tail before this one's (the window check's). Off (no limbs)
-  // unless `weighted`; none at world size 1. SF_ERR_UNSUPPORTED for a CUDA
-  // bucket, or a dtype whose wire cannot sum one bit per limb exactly for
-  // this many ranks (naming the bucket, its dtype and the world size).
+  // unless `weighted`; none at world size 1. SF_ERR_UNSUPPORTED for a
+  // dtype whose wire cannot sum one bit per limb exactly for
+  // this many ranks, or a device bucket whose limbs pass one small write
+  // (naming the bucket, its dtype and the world size).
   void plan(const std::vector<PlannedBucket>& plan, int64_t world, sf_dtype wireDtype,
             bool weighted, const std::vector<int64_t>& after);
   bool weighted() const { return weighted_; }

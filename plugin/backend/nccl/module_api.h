@@ -106,10 +106,11 @@ typedef struct sfn_api {
   int32_t (*allreduce_max_int64)(sfn_comm* comm, int64_t* data, int64_t n, int64_t timeout_ms,
                                  sfn_error* err);
 
-  /* Small values (at most 256 bytes; the window check's two elements):
-   * mem_write copies host memory at `src` to device memory at `dst` on the
-   * host's stream through pinned staging (`src` may be reused at once; the
-   * next mem_write only after the collectives that read this one finished);
+  /* Small values (at most 256 bytes; the window check's two elements, a
+   * weighted window's limbs): mem_write copies host memory at `src` to device
+   * memory at `dst` on the host's stream through pinned staging (`src` may be
+   * reused at once; since 0.4 each write stages in a slot of its own until
+   * its copy ran, so several may precede their collectives);
    * mem_read copies device memory at `src` on the host's stream into host
    * memory at `dst` and waits for that copy alone, bounded by timeout_ms. */
   int32_t (*mem_write)(sfn_device* dev, void* dst, const void* src, size_t bytes, sfn_error* err);
@@ -128,6 +129,18 @@ typedef struct sfn_api {
    * (ncclAllGather with sendbuff = data + rank * segment). */
   int32_t (*allgather_start)(sfn_comm* comm, void* data, int64_t segment_numel, int32_t dtype,
                              sfn_work** out, sfn_error* err);
+
+  /* ---- Since 0.4 (weighted windows), appended ---- */
+  /* Multiply `numel` elements (sf_dtype) at `data` by `factor` in place, on
+   * the plugin's stream after everything queued there so far (the bucket's
+   * sum) and after what the host queued on its stream: ncclAllReduce with a
+   * pre-multiplied sum on a one-rank communicator of the same device (NCCL's
+   * own kernel; made at the first call). Waited for as a collective's work
+   * (work_wait orders the host's stream after it). mem_write may be called
+   * several times before the collectives that read it (each write stages in
+   * pinned memory of its own). */
+  int32_t (*scale_start)(sfn_comm* comm, void* data, int64_t numel, int32_t dtype, double factor,
+                         sfn_work** out, sfn_error* err);
 } sfn_api;
 
 /* The module's entry point: loads the CUDA runtime and NCCL (first call) and

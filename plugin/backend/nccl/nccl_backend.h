@@ -71,6 +71,10 @@ class NcclBackend : public Backend {
   void checkDeviceMemory(const void* p, size_t bytes);
 
  private:
+  class WeightedWork;
+  // Since 0.4: `numel` elements at `data` times `factor` on the plugin's
+  // stream (a weighted bucket's division), as a Work.
+  std::unique_ptr<Work> scale(void* data, int64_t numel, sf_dtype dtype, double factor);
   sfn_device* device();  // opened on first use; mutex_ held
   void check(int32_t status, const sfn_error& err) const;
 

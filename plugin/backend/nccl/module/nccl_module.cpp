@@ -22,6 +22,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "plugin/backend/nccl/completion_poll.h"
 #include "plugin/backend/nccl/module_api.h"
@@ -202,9 +203,15 @@ struct sfn_device {
   int device = 0;
   cudaStream_t stream = nullptr;  // the plugin's
   cudaStream_t host = nullptr;    // the host's; nullptr is the legacy default stream
-  // Small pinned staging for host <-> device window-check values:
-  // [0, kStage) for writes, [kStage, 2 kStage) for reads.
+  // Small pinned staging for host <-> device values (window check, window
+  // weight): [kStage, 2 kStage) for reads; writes take a slot of their own
+  // (below), reused once the copy that read it has run.
   char* pinned = nullptr;
+  struct WriteSlot {
+    char* pinned = nullptr;
+    cudaEvent_t copied = nullptr;  // recorded on the host's stream after the copy
+  };
+  std::vector<WriteSlot> writes;
 };
 
 namespace {
@@ -222,6 +229,10 @@ struct sfn_comm {
   int64_t* pinned = nullptr;
   int64_t* ints = nullptr;
   int64_t intCap = 0;
+  // Since 0.4: a one-rank communicator on the same device, made at the first
+  // scale_start (weighted windows): NCCL's pre-multiplied sum over one rank
+  // scales memory in place on the plugin's stream.
+  ncclComm_t self = nullptr;
 };
 
 struct sfn_work {
@@ -510,6 +521,10 @@ void deviceClose(sfn_device* d) {
     DeviceGuard guard(d->device);
     fn.cudaStreamDestroy(d->stream);
     if (d->pinned) fn.cudaFreeHost(d->pinned);
+    for (auto& slot : d->writes) {
+      if (slot.copied) fn.cudaEventDestroy(slot.copied);
+      if (slot.pinned) fn.cudaFreeHost(slot.pinned);
+    }
   } catch (...) {
   }
   delete d;
@@ -602,13 +617,39 @@ void stagingOf(sfn_device* d, size_t bytes) {
 // The previous write's copy has run: the caller writes window-check values once
 // per synchronization, and waits for that synchronization's collectives
 // (which the host's stream ordered after the copy) before the next.
+// A pinned slot whose last copy has run (its event complete), or a new one:
+// several small writes may be queued before their collectives (a weighted
+// window writes every bucket's weight), each from memory of its own.
+sfn_device::WriteSlot& freeWriteSlot(sfn_device* d) {
+  for (auto& slot : d->writes) {
+    const cudaError_t q = fn.cudaEventQuery(slot.copied);
+    if (q == cudaSuccess) return slot;
+    if (q != cudaErrorNotReady) checkCuda(q, "cudaEventQuery (small write)");
+  }
+  constexpr size_t kMaxWriteSlots = 4096;  // 1 MiB of pinned memory
+  if (d->writes.size() >= kMaxWriteSlots) {
+    throw Failure{SF_ERR_BACKEND, "more than " + std::to_string(kMaxWriteSlots) +
+                                      " small writes to device " + std::to_string(d->device) +
+                                      " are waiting for the host's stream"};
+  }
+  sfn_device::WriteSlot slot;
+  checkCuda(fn.cudaMallocHost(reinterpret_cast<void**>(&slot.pinned), kStage), "cudaMallocHost (staging)");
+  const cudaError_t e = fn.cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming);
+  if (e != cudaSuccess) fn.cudaFreeHost(slot.pinned);
+  checkCuda(e, "cudaEventCreateWithFlags");
+  d->writes.push_back(slot);
+  return d->writes.back();
+}
+
 int32_t memWrite(sfn_device* d, void* dst, const void* src, size_t bytes, sfn_error* err) {
   return entry(err, [&] {
     DeviceGuard guard(d->device);
     stagingOf(d, bytes);
-    std::memcpy(d->pinned, src, bytes);
-    checkCuda(fn.cudaMemcpyAsync(dst, d->pinned, bytes, cudaMemcpyHostToDevice, d->host),
-              "cudaMemcpyAsync (window-check values to the device, on the host's stream)");
+    sfn_device::WriteSlot& slot = freeWriteSlot(d);
+    std::memcpy(slot.pinned, src, bytes);
+    checkCuda(fn.cudaMemcpyAsync(dst, slot.pinned, bytes, cudaMemcpyHostToDevice, d->host),
+              "cudaMemcpyAsync (small values to the device, on the host's stream)");
+    checkCuda(fn.cudaEventRecord(slot.copied, d->host), "cudaEventRecord (host stream)");
   });
 }
 
@@ -809,6 +850,7 @@ void commFree(sfn_comm* c, int64_t timeoutMs) {
   try {
     DeviceGuard guard(c->dev->device);
     if (c->owned && !c->aborted) finalizeOrAbort(c, timeoutMs < 0 ? 0 : timeoutMs);
+    if (c->self) fn.ncclCommDestroy(c->self);  // one rank: its work was waited for
     if (c->ints) fn.cudaFree(c->ints);
     if (c->pinned) fn.cudaFreeHost(c->pinned);
   } catch (...) {
@@ -926,6 +968,44 @@ int32_t workWait(sfn_work* w, int64_t timeoutMs, sfn_error* err) {
   return status;
 }
 
+// The one-rank communicator of scale_start, made on first use (blocking: one
+// rank meets only itself).
+ncclComm_t selfComm(sfn_comm* c) {
+  if (c->self) return c->self;
+  ncclUniqueId u;
+  ncclResult_t r = fn.ncclGetUniqueId(&u);
+  if (r == ncclSuccess) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    r = fn.ncclCommInitRankConfig(&c->self, 1, u, 0, &config);
+  }
+  if (r != ncclSuccess) {
+    c->self = nullptr;
+    throw Failure{SF_ERR_BACKEND, "a one-rank NCCL communicator for scaling (device " +
+                                      std::to_string(c->dev->device) + ") failed: " + ncclText(nullptr, r)};
+  }
+  return c->self;
+}
+
+int32_t scaleStart(sfn_comm* c, void* data, int64_t numel, int32_t dtype, double factor,
+                   sfn_work** out, sfn_error* err) {
+  return startOrdered(c, numel * int64_t(sfsync::dtypeSize(dtype)), out, err, [&](sfn_device* d) {
+    const ncclDataType_t type = ncclType(dtype);
+    ncclComm_t self = selfComm(c);
+    Scalar s = scalarOf(factor, dtype);
+    ncclRedOp_t op;
+    ncclResult_t r = fn.ncclRedOpCreatePreMulSum(&op, &s, type, ncclScalarHostImmediate, self);
+    if (r != ncclSuccess) {
+      throw Failure{SF_ERR_BACKEND, "ncclRedOpCreatePreMulSum (scaling) failed: " + ncclText(self, r)};
+    }
+    r = fn.ncclAllReduce(data, data, size_t(numel), type, op, self, d->stream);
+    fn.ncclRedOpDestroy(op, self);
+    if (r != ncclSuccess) {
+      throw Failure{SF_ERR_BACKEND, "ncclAllReduce (scaling by " + std::to_string(factor) +
+                                        " on one rank) failed: " + ncclText(self, r)};
+    }
+  });
+}
+
 int32_t allreduceMaxInt64(sfn_comm* c, int64_t* data, int64_t n, int64_t timeoutMs, sfn_error* err) {
   return entry(err, [&] {
     checkAlive(c);
@@ -1017,6 +1097,7 @@ const sfn_api kApi = {
     memRead,
     reduceScatterStart,  // since 0.3
     allgatherStart,
+    scaleStart,  // since 0.4
 };
 
 }  // namespace
