@@ -23,6 +23,29 @@ torch.optim.AdamW, model.parameters(), lr=1e-3)`` before
 ``accelerator.prepare(optimizer, ...)``. A 16-bit wire: ``wire_dtype=
 sfsync.DTYPE_BFLOAT16`` (or ``SF_WIRE_DTYPE=bf16``).
 
+Per-token loss over the whole window and every rank (weighted windows,
+0.4), with no ``accelerator.gather`` of counts or losses: the loss is a
+plain sum, each micro-batch weighs itself, and the window's loss comes back
+with the gradients (sfsync/torch/weighted.py)::
+
+    model = prepare_model(accelerator, model, reduce="weighted")
+    for batch in loader:
+        with accelerator.accumulate(model):
+            logits = model(batch["input_ids"])
+            loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                                   ignore_index=-100, reduction="sum")
+            tokens = (batch["labels"] != -100).sum()
+            model.sync.weigh(tokens)                       # before its backward
+            model.sync.add_window_sums(loss=loss, tokens=tokens)
+            # Accelerate divides the loss by gradient_accumulation_steps: undo it
+            accelerator.backward(loss * accelerator.gradient_accumulation_steps)
+            if accelerator.sync_gradients:                 # .grad: the window's token mean
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                sums = model.sync.window_sums()            # every rank's, summed: no gather
+                mean_loss = sums["loss"] / sums["tokens"]
+            optimizer.step()
+            optimizer.zero_grad()
+
 How it fits: ``prepare_model`` lets Accelerate place the model and apply
 its mixed precision (``prepare_model(evaluation_mode=True)``: no DDP), then
 attaches a ``GradientSync`` and returns it as a ``SyncedModule`` (``.module``

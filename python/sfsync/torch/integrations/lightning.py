@@ -22,6 +22,25 @@ sfsync.DTYPE_BFLOAT16)`` (or ``SF_WIRE_DTYPE=bf16``). Other keyword
 arguments go to ``sfsync.torch.GradientSync`` (bucket_cap_mb, ...), those of
 DDPStrategy's constructor (process_group_backend, timeout, ...) to it.
 
+Per-token loss over the whole window and every rank (weighted windows,
+0.4), with no ``self.log(..., sync_dist=True)`` collective:
+``SfsyncStrategy(reduce="weighted")`` and, in the LightningModule::
+
+    def training_step(self, batch, batch_idx):
+        sync = self.trainer.strategy.sync
+        logits = self(batch["input_ids"])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=-100, reduction="sum")
+        tokens = (batch["labels"] != -100).sum()
+        sync.weigh(tokens)                                 # before its backward
+        sync.add_window_sums(loss=loss, tokens=tokens)
+        # Lightning divides the loss by accumulate_grad_batches: undo it
+        return loss * self.trainer.accumulate_grad_batches
+
+    def on_before_optimizer_step(self, optimizer):         # the window synchronized
+        sums = self.trainer.strategy.sync.window_sums()    # every rank's, summed
+        self.log("train_loss", sums["loss"] / sums["tokens"])  # no sync_dist needed
+
 How it fits: Lightning runs micro-batches 1..N-1 (forward and backward)
 inside ``strategy.block_backward_sync()``, and ParallelStrategy's acts only
 on a DistributedDataParallel model. This strategy is DDPStrategy (processes,

@@ -33,8 +33,39 @@ micro-batches 1..N-1 inside ``accelerator.no_sync(model)``, which finds
 last window), which synchronizes inside its ``backward()``. ``max_grad_norm``
 clips by the global norm through ``SyncedModule.clip_grad_norm_`` (sfsync's
 optimizer's own when it has one).
+
+Weighted windows (0.4, issue 31): ``sync_options=dict(reduce="weighted")``
+gives the gradients of the Trainer's ``average_tokens_across_devices=True``
+(each window's sum of per-token gradients over every rank and micro-batch,
+divided by the window's global token count) with no count gather: no
+collective beyond one per bucket per window. Each micro-batch's loss is the
+model's own loss as a plain token sum (``num_items_in_batch=1`` handed to
+the model), and its ``training_step`` weighs it by its exact token count
+(``sync.weigh``) before its backward; the count and the loss sum ride in
+the gradients' own collective (``sync.window_sums()``). Which count: the
+tokens the loss sums, i.e. ``shift_labels != -100`` when the batch carries
+``shift_labels``, else ``labels[..., 1:] != -100`` when the model's loss
+function is transformers' ``ForCausalLMLoss`` (which shifts; decoder-only
+models), else ``labels != -100``; ``sync_options=dict(reduce="weighted",
+count_items=fn)`` takes ``fn(inputs) -> number`` instead. (transformers 5.24
+counts a ``GPT2LMHeadModel`` without a ``loss_type`` before the shift, one
+token too many per sequence; with ``model.loss_type = "ForCausalLM"`` its
+count is the exact one used here.) No look-ahead: nothing counts the
+window's batches before its first forward (each micro-batch weighs itself
+in its own training_step); the Trainer's loop itself still takes the
+window's batches as a list before the first forward (``get_batch_samples``,
+here without counting them), which sfsync does not need. The loss the
+Trainer logs is the window's token mean (``window_sums``: loss / tokens),
+the value its ``average_tokens_across_devices`` run logs;
+``args.average_tokens_across_devices`` itself does not matter then. Needs
+the model's own loss (a model that takes loss kwargs, no
+``compute_loss_func``, no label smoothing: ValueError otherwise); not with
+``keep_ddp``. On a GPU each micro-batch's count and loss sum are read back
+to the host (as the Trainer's own NaN filter reads the loss).
 """
 
+import itertools
+import math
 import os
 import weakref
 
@@ -46,7 +77,7 @@ from sfsync.torch.integrations._module import (SyncedModule, consolidate_for_sav
 #: sfsync's own window state (sync.state_dict()) in a Trainer checkpoint folder.
 SYNC_STATE_NAME = "sfsync_sync.pt"
 
-__all__ = ["SfsyncTrainer", "SfsyncTrainerMixin"]
+__all__ = ["SfsyncTrainer", "SfsyncTrainerMixin", "exact_count", "loss_shifts_labels"]
 
 
 class SfsyncTrainerMixin:
@@ -59,6 +90,10 @@ class SfsyncTrainerMixin:
             raise TypeError("SfsyncTrainer: accumulation_steps is the Trainer's "
                             "(TrainingArguments(gradient_accumulation_steps=N))")
         self._keep_ddp = bool(options.pop("keep_ddp", False))
+        self._count_items = options.pop("count_items", None)
+        self._weighted = False  # reduce="weighted" (known once the GradientSync is made)
+        self._in_weighted_step = False
+        self._loss_shifts = None
         if self._keep_ddp and set(options) - {"verify_every", "verify_buffers"}:
             raise ValueError("SfsyncTrainer(keep_ddp=True) attaches to the Trainer's DDP, which "
                              "takes verify_every and verify_buffers only, not %s"
@@ -74,6 +109,7 @@ class SfsyncTrainerMixin:
             from sfsync.torch import GradientSync
             self.model.train()
             self.sync = GradientSync(self.model, **self._sync_options)
+            self._weighted = self.sync.reduce == "weighted"
         return self.sync
 
     def _attach_ddp(self):
@@ -132,6 +168,99 @@ class SfsyncTrainerMixin:
         if grad_norm is None and isinstance(model, SyncedModule):
             grad_norm = model.clip_grad_norm_(float("inf"))
         return super()._get_grad_norm(model, grad_norm=grad_norm)
+
+
+    # -- weighted windows (reduce="weighted"; the module docstring)
+
+    def _weighing(self):
+        return self._weighted and self.sync is not None and self.sync.context is not None
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """Weighted: the window's batches as the Trainer's loop wants them,
+        with no ``num_items_in_batch`` (no count, no gather across ranks)."""
+        if not self._weighing():
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        return list(itertools.islice(epoch_iterator, num_batches)), None
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """Weighted: the micro-batch's loss as a plain sum, weighed by its
+        count (compute_loss); returns 0 for the window's micro-batches but the
+        last (NaN stays NaN) and the window's token mean for the last, so the
+        Trainer's logged loss is the window's mean as in its own
+        average_tokens_across_devices run."""
+        if not self._weighing():
+            return super().training_step(model, inputs, num_items_in_batch)
+        if not self.model_accepts_loss_kwargs or self.compute_loss_func is not None or \
+                self.label_smoother is not None:
+            raise ValueError("SfsyncTrainer(reduce='weighted') makes the model's own loss a token "
+                             "sum through num_items_in_batch: it needs a model whose forward "
+                             "takes loss kwargs (model_accepts_loss_kwargs is %s), no "
+                             "compute_loss_func and no label smoothing"
+                             % self.model_accepts_loss_kwargs)
+        self._in_weighted_step = True
+        try:
+            # num_items_in_batch=1: the Trainer takes the loss as normalized
+            # already (it does not divide it by the accumulation steps)
+            loss = super().training_step(model, inputs, 1)
+        finally:
+            self._in_weighted_step = False
+        if not self.sync.is_step():
+            return loss * 0.0
+        sums = self.sync.window_sums()
+        mean = sums["loss"] / sums["tokens"] if sums["tokens"] and not sums["found_inf"] \
+            else float("nan")
+        return loss.new_full((), mean)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Weighted (inside training_step): weigh the micro-batch by its count
+        before its backward, and compute the model's loss as a plain sum
+        (num_items_in_batch=1 handed to the model in its inputs, so that the
+        Trainer does not scale it by the process count)."""
+        if not self._in_weighted_step:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        count = self._count(inputs)
+        self.sync.weigh(count)
+        out = super().compute_loss(model, {**inputs, "num_items_in_batch": 1}, return_outputs)
+        value = float((out[0] if return_outputs else out).detach())
+        if math.isfinite(value):
+            self.sync.add_window_sums(loss=value, tokens=count)
+        else:  # (the library takes finite values only; the Trainer's NaN filter sees it)
+            self.sync.add_window_sums(tokens=count, found_inf=1)
+        return out
+
+    def _count(self, inputs):
+        """The micro-batch's weight: the tokens its loss sums (the module
+        docstring), or count_items(inputs)."""
+        if self._count_items is not None:
+            return self._count_items(inputs)
+        if self._loss_shifts is None:
+            self._loss_shifts = loss_shifts_labels(self.model)
+        return exact_count(inputs, self._loss_shifts)
+
+
+def loss_shifts_labels(model):
+    """True when ``model``'s loss shifts its labels by one position: its loss
+    function is transformers' ForCausalLMLoss (a GPT2LMHeadModel without a
+    loss_type too: that is its default) and it is not an encoder-decoder."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return False
+    return getattr(model, "loss_function", None) is ForCausalLMLoss
+
+
+def exact_count(inputs, shifts):
+    """The targets a loss over ``inputs`` sums: ``shift_labels != -100`` when
+    given, else ``labels[..., 1:] != -100`` when the loss shifts, else
+    ``labels != -100`` (an int)."""
+    if "shift_labels" in inputs:
+        labels = inputs["shift_labels"]
+    elif "labels" in inputs:
+        labels = inputs["labels"][..., 1:] if shifts else inputs["labels"]
+    else:
+        raise ValueError("SfsyncTrainer(reduce='weighted'): the batch has no labels to count "
+                         "(keys %s); pass sync_options=dict(reduce='weighted', count_items=fn)"
+                         % sorted(inputs))
+    return int(labels.ne(-100).sum())
 
 
 class _AttachAtTrainBegin(TrainerCallback):
