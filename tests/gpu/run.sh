@@ -14,7 +14,8 @@
 #                longer fits is SKIP, never started
 #
 # Steps, each one line "PASS|FAIL|SKIP <step>: <numbers>":
-#   world1_parity      average, sum, pre-scaled sum x float32, bfloat16, float16
+#   world1_parity      average, sum, pre-scaled sum, weighted (issue 31) x float32,
+#                      bfloat16, float16
 #   world1_stream      spin kernels before sf_grad_ready / after sf_synchronize
 #   world1_trainer     samples/cuda's MLP against its CPU reference
 #   shim_nccl_host     the shim under a C++ NCCL host (tests/shim/gpu_check.sh's cases)
