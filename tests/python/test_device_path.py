@@ -77,8 +77,10 @@ def train(rank, name, model, ops, backend, shard_optimizer, layout, out, **kw):
     """One rank: attach (on the ops' current stream), then WINDOWS windows of
     MICRO micro-batches and an AdamW step each, on a stream of its own when
     ``ops`` is the stand-in's."""
+    weighted = kw.pop("weighted", False)  # reduce_op "weighted": summed losses, weigh()
     ctx = sfsync.Context(rank=rank, world_size=WORLD, local_rank=rank, rendezvous=name,
-                         backend=backend, timeout_ms=60000)
+                         backend=backend, timeout_ms=60000,
+                         reduce_op="weighted" if weighted else "average")
     sync = sft.GradientSync(model, context=ctx, accumulation_steps=MICRO, device_ops=ops,
                             shard_optimizer=shard_optimizer, shard_layout=layout,
                             bucket_cap_mb=0.0005, **kw)
@@ -89,7 +91,12 @@ def train(rank, name, model, ops, backend, shard_optimizer, layout, out, **kw):
             for w in range(WINDOWS):
                 for m in range(MICRO):
                     x, y = batch(rank, w, m, model[0].weight.dtype)
-                    loss = torch.nn.functional.mse_loss(sync(x).float(), y.float()) / MICRO
+                    if weighted:  # a weight per micro-batch: rows, as if of varying length
+                        sync.weigh(5 + rank + 3 * m)
+                        loss = torch.nn.functional.mse_loss(sync(x).float(), y.float(),
+                                                            reduction="sum")
+                    else:
+                        loss = torch.nn.functional.mse_loss(sync(x).float(), y.float()) / MICRO
                     loss.backward()
                 assert sync.is_step(), "window %d did not synchronize" % w
                 opt.step()
@@ -232,6 +239,18 @@ class DevicePathTests(unittest.TestCase):
         for o in ops:
             self.assertEqual(o.events["grad_ready"], WINDOWS * MICRO * (params + 1), o.events)
             self.assertEqual(o.events["after_reduction"], WINDOWS * 2, o.events)
+
+    def test_weighted_unsharded_matches_the_cpu_path(self):
+        """reduce_op "weighted" (issue 31) on CUDA buckets (the stand-in NCCL:
+        the sum, then the division by the weight read from the bucket's own
+        limbs on the plugin's stream): the CPU path's weights bit for bit."""
+        ops, params = self.check(False, weighted=True)
+        for o in ops:
+            self.assertEqual(o.events["grad_ready"], WINDOWS * MICRO * (params + 1), o.events)
+
+    def test_weighted_sharded_flat_matches_the_cpu_path(self):
+        ops, params = self.check(True, "flat", weighted=True)
+        self.sharded_counts(ops, params)
 
     def test_sharded_flat_adamw_matches_the_cpu_path(self):
         ops, params = self.check(True, "flat")
