@@ -6,7 +6,17 @@
 // memory:// (Gloo). Prints one line per world size and layout; exits 1 when
 // a ratio passes --max-ratio (default 1.02), 77 when lo cannot be read.
 //
-// Usage: sfsync-shard-wire [--max-ratio R]
+// --weighted (issue 31): instead, an unweighted window (average) against a
+// weighted one (SF_REDUCE_WEIGHTED, a weight and two window sums added per
+// window) and against an unweighted one plus the extra collective the
+// frameworks make for the token count (one float64 sf_allreduce_float64
+// per window), flat and sharded, W = 2 and 3. The weighted window must
+// issue the unweighted one's bucket collectives and carry fewer extra bytes
+// (its limbs, a few per bucket tail) than that one-value collective adds,
+// so that any collective added to a weighted window fails it: exit 1
+// otherwise.
+//
+// Usage: sfsync-shard-wire [--max-ratio R] [--weighted]
 
 #include <dirent.h>
 #include <linux/tcp.h>
@@ -85,8 +95,12 @@ struct Wire {
   long long lo = 0;       // lo's transmitted bytes (headers, retransmissions included)
 };
 
+// What a measured window does besides its buckets' collectives.
+enum class Extra { kNone, kWeighted, kCountCollective };
+
 // Bytes on lo for one window (after a first, unmeasured one that connects).
-Wire measure(int world, sf_shard_layout layout, std::string& error) {
+Wire measure(int world, sf_shard_layout layout, std::string& error, Extra extra = Extra::kNone,
+             long long* collectives = nullptr) {
   const std::string rdv = "memory://" + uniqueName("wire");
   Wire before, after;
   std::atomic<int> arrived{0};
@@ -98,6 +112,7 @@ Wire measure(int world, sf_shard_layout layout, std::string& error) {
     sf_options o = rankOptions(r, world, rdv);
     o.shard_layout = layout;
     o.max_inflight = 1;
+    if (extra == Extra::kWeighted) o.reduce_op = SF_REDUCE_WEIGHTED;
     ContextHandle h;
     if (sf_create(&o, &h.ctx) != SF_OK) return sf_last_error();
     for (int64_t n : kModel) {
@@ -109,6 +124,17 @@ Wire measure(int world, sf_shard_layout layout, std::string& error) {
       }
     }
     auto window = [&] {
+      if (extra == Extra::kWeighted) {
+        const double sums[2] = {1.5 * (r + 1), double(17 + r)};
+        if (sf_add_window_weight(h.ctx, double(17 + r)) != SF_OK ||
+            sf_add_window_sums(h.ctx, sums, 2) != SF_OK) {
+          return false;
+        }
+      }
+      if (extra == Extra::kCountCollective) {
+        double count = double(17 + r);  // the frameworks' token count, summed across ranks
+        if (sf_allreduce_float64(h.ctx, &count, 1) != SF_OK) return false;
+      }
       if (sf_synchronize(h.ctx) != SF_OK) return false;
       return layout == SF_SHARD_NONE || sf_gather_parameters(h.ctx) == SF_OK;
     };
@@ -116,7 +142,9 @@ Wire measure(int world, sf_shard_layout layout, std::string& error) {
     barrier(world);
     if (r == 0) before = {tcpBytesReceived(), loTxBytes()};
     barrier(2 * world);
+    const long long issued = statsOf(h.ctx).collectives_issued;
     if (!window()) return sf_last_error();
+    if (r == 0 && collectives) *collectives = statsOf(h.ctx).collectives_issued - issued;
     barrier(3 * world);
     if (r == 0) after = {tcpBytesReceived(), loTxBytes()};
     barrier(4 * world);
@@ -128,17 +156,50 @@ Wire measure(int world, sf_shard_layout layout, std::string& error) {
   return {after.payload - before.payload, after.lo - before.lo};
 }
 
+// --weighted: see the file's header.
+int weightedWire() {
+  bool ok = true;
+  for (int world : {2, 3}) {
+    for (sf_shard_layout layout : {SF_SHARD_NONE, SF_SHARD_FLAT}) {
+      std::string error;
+      long long cPlain = 0, cWeighted = 0, cCount = 0;
+      const Wire plain = measure(world, layout, error, Extra::kNone, &cPlain);
+      const Wire weighted = measure(world, layout, error, Extra::kWeighted, &cWeighted);
+      const Wire count = measure(world, layout, error, Extra::kCountCollective, &cCount);
+      if (!error.empty()) {
+        std::printf("W=%d: %s\n", world, error.c_str());
+        return 1;
+      }
+      const long long limbs = weighted.payload - plain.payload;
+      const long long oneValue = count.payload - plain.payload;
+      const bool good = cWeighted == cPlain && limbs >= 0 && limbs < oneValue;
+      std::printf("W=%d %-9s payload per window: unweighted %lld B, weighted %lld B (+%lld B: the "
+                  "limbs), unweighted + one float64 count collective %lld B (+%lld B); bucket "
+                  "collectives %lld / %lld / %lld %s\n",
+                  world, layout == SF_SHARD_NONE ? "all-reduce" : "flat", plain.payload,
+                  weighted.payload, limbs, count.payload, oneValue, cPlain, cWeighted, cCount,
+                  good ? "OK" : "FAILED");
+      ok = ok && good;
+    }
+  }
+  std::printf("%s\n", ok ? "OK" : "FAILED");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   double maxRatio = 1.02;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--max-ratio") == 0) maxRatio = std::atof(argv[i + 1]);
+  bool weighted = false;
+  for (int i = 1; i < argc; ++i) {
+    if (i + 1 < argc && std::strcmp(argv[i], "--max-ratio") == 0) maxRatio = std::atof(argv[i + 1]);
+    if (std::strcmp(argv[i], "--weighted") == 0) weighted = true;
   }
   if (loTxBytes() < 0 || tcpBytesReceived() < 0) {
     std::printf("no lo in /proc/net/dev: skipped\n");
     return 77;
   }
+  if (weighted) return weightedWire();
   int64_t bytes = 0;
   for (int64_t n : kModel) bytes += 4 * n;
   bool ok = true;
