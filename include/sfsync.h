@@ -477,8 +477,9 @@ SF_API sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed);
  * wire: the widening), so there is no second pass over the gradients.
  * Collectives per window and sf_stats.bytes_reduced are those of an
  * unweighted window; the wire carries a few elements more per bucket (the
- * limbs). A bucket travels as one piece (no lanes within it) so that its
- * weight is read before any element is scaled. CUDA buckets (NCCL): a plain
+ * limbs). A bucket cut into pieces on several lanes (max_inflight) keeps
+ * its limbs in the last piece, whose lane hands the weight to the others;
+ * on a 16-bit wire a weighted bucket travels as one piece. CUDA buckets (NCCL): a plain
  * ncclSum, then, on the plugin's stream, the limbs read back (a few bytes
  * through the host's stream, when the bucket is waited for) and the bucket
  * multiplied by 1 / weight by a pre-multiplied sum on a one-rank NCCL

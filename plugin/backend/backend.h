@@ -43,8 +43,8 @@ struct ReduceSpec {
   // carried them) and multiplies the scaled elements by 1 / weight in its
   // averaging step, instead of prescale * postscale (both 1 then); a global
   // weight of 0 leaves the sums as they are (the reducer reports the
-  // window). A weighted bucket travels as one piece: its weight is read
-  // before any of its elements is scaled.
+  // window). A backend that cuts a bucket into pieces keeps the limbs in
+  // one piece and scales no piece before the weight is decoded.
   LimbCodec weight;
   int64_t weightAt = 0;
 };

@@ -83,13 +83,20 @@ Run trainRank(const Setup& s, int rank, const std::string& rdv) {
       if (failed(sf_add_window_weight(h.ctx, tokens(rank, w, m)))) return out;
       for (int p = n - 1; p >= 0; --p) {
         // The host's "backward kernel": in stream order on the host's stream
-        // (the legacy default stream), before the grad-ready report.
+        // (the legacy default stream), before the grad-ready report; a host
+        // gradient is written by the CPU, at once (Gloo reads it when its
+        // bucket starts).
         void* gp = g[size_t(p)];
         const sf_dtype t = s.dtype;
         const int64_t size = kSizes[size_t(p)];
-        launch(nullptr, [=] {
+        auto add = [=] {
           for (int64_t i = 0; i < size; ++i) storeValue(gp, i, t, loadValue(gp, i, t) + gradValue(rank, w, m, p, i));
-        });
+        };
+        if (deviceOf(p) == SF_DEVICE_HOST) {
+          add();
+        } else {
+          launch(nullptr, add);
+        }
         if (last && s.early && failed(sf_grad_ready(h.ctx, p))) return out;
       }
       if (!last && failed(sf_end_accumulation(h.ctx))) return out;

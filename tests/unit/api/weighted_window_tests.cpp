@@ -59,6 +59,7 @@ void addTo(void* base, int64_t i, sf_dtype dtype, double v) {
 }
 
 struct Setup {
+  std::vector<int64_t> sizes = kSizes;
   int world = 2;
   sf_shard_layout layout = SF_SHARD_NONE;
   sf_dtype dtype = SF_DTYPE_FLOAT64;
@@ -102,12 +103,12 @@ Run trainRank(const Setup& s, int rank, const std::string& rdv) {
   }
   ContextHandle h;
   SF_TRY(sf_create(&o, &h.ctx));
-  const int64_t n = int64_t(kSizes.size());
+  const int64_t n = int64_t(s.sizes.size());
   for (int64_t id = 0; id < n; ++id) {
     int64_t got = -1;
-    SF_TRY(sf_add_gradient(h.ctx, kSizes[size_t(id)], s.dtype, SF_DEVICE_HOST, nullptr, &got));
+    SF_TRY(sf_add_gradient(h.ctx, s.sizes[size_t(id)], s.dtype, SF_DEVICE_HOST, nullptr, &got));
     if (s.layout != SF_SHARD_NONE) {
-      SF_TRY(sf_register_parameter(h.ctx, id, nullptr, kSizes[size_t(id)], s.dtype, SF_DEVICE_HOST));
+      SF_TRY(sf_register_parameter(h.ctx, id, nullptr, s.sizes[size_t(id)], s.dtype, SF_DEVICE_HOST));
     }
   }
   std::vector<void*> data(static_cast<size_t>(n));
@@ -126,7 +127,7 @@ Run trainRank(const Setup& s, int rank, const std::string& rdv) {
         SF_TRY(sf_add_window_sums(h.ctx, sums, 3));
       }
       for (int64_t id = n - 1; id >= 0; --id) {  // backward: the last layers first
-        for (int64_t j = 0; j < kSizes[size_t(id)]; ++j) {
+        for (int64_t j = 0; j < s.sizes[size_t(id)]; ++j) {
           addTo(data[size_t(id)], j, s.dtype, gradValue(rank, w, m, id, j));
         }
         if (last && s.early) SF_TRY(sf_grad_ready(h.ctx, id));
@@ -139,7 +140,7 @@ Run trainRank(const Setup& s, int rank, const std::string& rdv) {
     for (int64_t id = 0; id < n; ++id) {
       int64_t off = 0, cnt = 0;
       SF_TRY(sf_shard_range(h.ctx, id, &off, &cnt));
-      g[size_t(id)].assign(size_t(kSizes[size_t(id)]), std::nan(""));
+      g[size_t(id)].assign(size_t(s.sizes[size_t(id)]), std::nan(""));
       for (int64_t j = off; j < off + cnt; ++j) g[size_t(id)][size_t(j)] = load(data[size_t(id)], j, s.dtype);
     }
     run.grads.push_back(g);
@@ -197,13 +198,13 @@ double check(const Setup& s, const std::vector<Run>& runs) {
       BOOST_TEST(run.totalSums[w][2] == (s.world > 1 ? double(s.windows[w]) : 0.0));
       BOOST_TEST(run.totalSums[w][3] == 0.0);
       double scale = 0;
-      for (int64_t id = 0; id < int64_t(kSizes.size()); ++id) {
-        for (int64_t j = 0; j < kSizes[size_t(id)]; ++j) {
+      for (int64_t id = 0; id < int64_t(s.sizes.size()); ++id) {
+        for (int64_t j = 0; j < s.sizes[size_t(id)]; ++j) {
           scale = std::max(scale, std::fabs(reference(s, int(w), id, j)));
         }
       }
-      for (int64_t id = 0; id < int64_t(kSizes.size()); ++id) {
-        for (int64_t j = 0; j < kSizes[size_t(id)]; ++j) {
+      for (int64_t id = 0; id < int64_t(s.sizes.size()); ++id) {
+        for (int64_t j = 0; j < s.sizes[size_t(id)]; ++j) {
           const double got = run.grads[w][size_t(id)][size_t(j)];
           if (std::isnan(got)) continue;  // not this rank's (sharded)
           worst = std::max(worst, std::fabs(got - reference(s, int(w), id, j)) / scale);
@@ -226,6 +227,24 @@ BOOST_AUTO_TEST_CASE(every_bucket_is_divided_by_the_global_weight_1_to_3_thread_
       s.early = early;
       const double worst = check(s, train(s));
       BOOST_TEST(worst <= 1e-15, "world " << world << (early ? " early" : "") << ": " << worst);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_bucket_in_pieces_on_four_lanes_2_and_3_thread_ranks_gloo) {
+  // A 12 MB bucket travels as pieces of at most 8 MiB on the lanes; the last
+  // piece (the limbs') publishes the weight, every piece is scaled once.
+  for (int world : {2, 3}) {
+    for (sf_shard_layout layout : {SF_SHARD_NONE, SF_SHARD_FLAT}) {
+      Setup s;
+      s.sizes = {3000000, 5000, 7};
+      s.world = world;
+      s.layout = layout;
+      s.manyBuckets = false;
+      s.lanes = 4;
+      s.windows = {2, 1};
+      const double worst = check(s, train(s));
+      BOOST_TEST(worst <= 1e-15, "world " << world << " layout " << layout << ": " << worst);
     }
   }
 }
