@@ -13,7 +13,6 @@ the comparison can fail). Bad values are errors naming the argument.
 
 import os
 import sys
-import threading
 import unittest
 import uuid
 
@@ -25,6 +24,7 @@ import torch  # noqa: E402
 
 import sfsync  # noqa: E402
 import sfsync.torch as sft  # noqa: E402
+from thread_ranks import run_thread_ranks  # noqa: E402
 
 MICRO, WINDOWS = 4, 2
 
@@ -72,46 +72,33 @@ def run(world, accumulate_dtype, zero="sync"):
     (zero_grad(set_to_none=False): every .grad zeroed in place)."""
     name = "memory://acc-dtype-%s" % uuid.uuid4().hex
     models = [make_model() for _ in range(world)]
-    out, errors = [None] * world, [None] * world
 
     def rank(r):
+        ctx = sfsync.Context(rank=r, world_size=world, rendezvous=name if world > 1 else "",
+                             backend="gloo", timeout_ms=60000)
+        sync = sft.GradientSync(models[r], context=ctx, accumulation_steps=MICRO,
+                                accumulate_dtype=accumulate_dtype)
+        got = []
         try:
-            ctx = sfsync.Context(rank=r, world_size=world, rendezvous=name if world > 1 else "",
-                                 backend="gloo", timeout_ms=60000)
-            sync = sft.GradientSync(models[r], context=ctx, accumulation_steps=MICRO,
-                                    accumulate_dtype=accumulate_dtype)
-            got = []
-            try:
-                for w in range(WINDOWS):
-                    for m in range(MICRO):
-                        loss_of(sync, *batch(r, w, m)).backward()
-                    assert sync.is_step()
-                    got.append(([a.clone() for a in sync.accumulated_grads()],
-                                [p.grad.clone() for p in models[r].parameters()]))
-                    if zero == "sync":
-                        sync.zero_grad(set_to_none=(w % 2 == 0))  # both ways of zeroing
-                    elif zero == "torch":
-                        models[r].zero_grad()
-                    else:
-                        for p in models[r].parameters():
-                            p.grad.zero_()
-                out[r] = got
-            finally:
-                sync.close()
-                ctx.close()
-        except BaseException as e:  # noqa: B902 - reported by the main thread
-            errors[r] = e
+            for w in range(WINDOWS):
+                for m in range(MICRO):
+                    loss_of(sync, *batch(r, w, m)).backward()
+                assert sync.is_step()
+                got.append(([a.clone() for a in sync.accumulated_grads()],
+                            [p.grad.clone() for p in models[r].parameters()]))
+                if zero == "sync":
+                    sync.zero_grad(set_to_none=(w % 2 == 0))  # both ways of zeroing
+                elif zero == "torch":
+                    models[r].zero_grad()
+                else:
+                    for p in models[r].parameters():
+                        p.grad.zero_()
+            return got
+        finally:
+            sync.close()
+            ctx.close()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    for r, e in enumerate(errors):
-        if e is not None:
-            raise AssertionError("rank %d: %r" % (r, e)) from e
-    return out
+    return run_thread_ranks(world, rank)
 
 
 class AccumulateDtypeTests(unittest.TestCase):

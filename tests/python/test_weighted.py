@@ -36,7 +36,6 @@ Each comparison prints its measured distance.
 import math
 import os
 import sys
-import threading
 import unittest
 import uuid
 
@@ -49,6 +48,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import sfsync  # noqa: E402
 import sfsync.torch as sft  # noqa: E402
+from thread_ranks import run_thread_ranks  # noqa: E402
 
 VOCAB, DIM, SEQ, BATCH = 29, 12, 16, 8
 MICRO, WINDOWS = 4, 3
@@ -156,24 +156,7 @@ def at_weights(weights):
 
 def run_ranks(world, fn):
     name = "memory://weighted-%s" % uuid.uuid4().hex
-    out, errors = [None] * world, [None] * world
-
-    def rank(r):
-        try:
-            out[r] = fn(r, name if world > 1 else "")
-        except BaseException as e:  # noqa: B902 - reported by the main thread
-            errors[r] = e
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a rank hung (120 s)"
-    for r, e in enumerate(errors):
-        if e is not None:
-            raise AssertionError("rank %d: %r" % (r, e)) from e
-    return out
+    return run_thread_ranks(world, lambda r: fn(r, name if world > 1 else ""))
 
 
 def attach(model, r, world, name, reduce="weighted", how="reduce", **kw):
