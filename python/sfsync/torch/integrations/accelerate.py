@@ -26,9 +26,14 @@ sfsync.DTYPE_BFLOAT16`` (or ``SF_WIRE_DTYPE=bf16``).
 Per-token loss over the whole window and every rank (weighted windows,
 0.4), with no ``accelerator.gather`` of counts or losses: the loss is a
 plain sum, each micro-batch weighs itself, and the window's loss comes back
-with the gradients (sfsync/torch/weighted.py)::
+with the gradients (sfsync/torch/weighted.py). ``batch["labels"]`` holds
+each position's target, -100 where there is none (for a causal LM already
+shifted: ``labels[:, t]`` is the token at t + 1), so that the count is the
+number of terms the loss sums::
 
     model = prepare_model(accelerator, model, reduce="weighted")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer, loader = accelerator.prepare(optimizer, loader)
     for batch in loader:
         with accelerator.accumulate(model):
             logits = model(batch["input_ids"])

@@ -24,7 +24,10 @@ DDPStrategy's constructor (process_group_backend, timeout, ...) to it.
 
 Per-token loss over the whole window and every rank (weighted windows,
 0.4), with no ``self.log(..., sync_dist=True)`` collective:
-``SfsyncStrategy(reduce="weighted")`` and, in the LightningModule::
+``SfsyncStrategy(reduce="weighted")`` and, in the LightningModule (with
+``batch["labels"]`` each position's target, -100 where there is none; for
+a causal LM already shifted, so that the count is the number of terms the
+loss sums)::
 
     def training_step(self, batch, batch_idx):
         sync = self.trainer.strategy.sync
