@@ -258,11 +258,19 @@ void Reducer::synchronize(int64_t window) {
 
 // ---- Weighted windows ---------------------------------------------------------
 
-void Reducer::addWindowWeight(double weight) { addWindowSums(&weight, -1); }
+void Reducer::addWindowWeight(double weight) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requireWindowOpenLocked();
+  totals_.addWeight(weight);
+}
 
 void Reducer::addWindowSums(const double* values, int count) {
-  // count -1: the weight (values[0]); else `count` window sums.
   std::lock_guard<std::mutex> lock(mutex_);
+  requireWindowOpenLocked();
+  totals_.addSums(values, count);
+}
+
+void Reducer::requireWindowOpenLocked() const {
   if (opts_.reduce_op != SF_REDUCE_WEIGHTED) {
     fail(SF_ERR_INVALID_STATE, std::string("this context's reduce_op is ") +
                                    std::to_string(opts_.reduce_op) +
@@ -275,11 +283,6 @@ void Reducer::addWindowSums(const double* values, int count) {
              " has started reducing, carrying the window's weight and sums as they were; "
              "this value was not added (add each micro-batch's weight before its backward, "
              "and before sf_synchronize)");
-  }
-  if (count < 0) {
-    totals_.addWeight(values[0]);
-  } else {
-    totals_.addSums(values, count);
   }
 }
 

@@ -171,6 +171,9 @@ class Reducer {
   void startAllLocked(int64_t window);  // opens the pass if needed
   void start(size_t bucket, bool early);
   ReduceSpec reduceSpec() const;  // from the options, for every bucket
+  // Weighted windows: SF_ERR_INVALID_STATE unless a weight or sum may still
+  // be added to the window (reduce_op weighted, bucket 0 not yet started).
+  void requireWindowOpenLocked() const;
   void waitBucketLocked(size_t bucket);  // wait, copy back, mark reduced
 
   // Gathers.

@@ -14,7 +14,6 @@ void WindowTotals::plan(const std::vector<PlannedBucket>& plan, int64_t world,
                         sf_dtype wireDtype, bool weighted, const std::vector<int64_t>& after) {
   weighted_ = weighted;
   codecs_.clear();
-  carried_.clear();
   at_ = after;
   if (!weighted || world <= 1) return;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -32,7 +31,6 @@ void WindowTotals::plan(const std::vector<PlannedBucket>& plan, int64_t world,
                std::to_string(world) + " ranks (at most 128 ranks for bfloat16, 1024 for float16)");
     }
     codecs_.push_back(c);
-    carried_.push_back(carried);
     // A device bucket's limbs reach it in one small write (at most 256 bytes).
     const int64_t bytes = int64_t(c.limbs) * (i == 0 ? 1 + kSums : 1) * int64_t(dtypeSize(plan[i].dtype));
     if (plan[i].device != SF_DEVICE_HOST && bytes > kMaxDeviceWrite) {

@@ -70,7 +70,6 @@ class WindowTotals {
 
   bool weighted_ = false;
   std::vector<LimbCodec> codecs_;  // per bucket; empty at world size 1
-  std::vector<sf_dtype> carried_;  // the dtype each bucket's limbs travel as
   std::vector<int64_t> at_;        // where the limbs start in bucket i's tail
   Totals local_;
   Totals totals_;
