@@ -129,7 +129,13 @@ sf_context* makeContext(const Rank& k, sf_reduce_op op, double prescale, double 
   o.first_bucket_cap_mb = capMb / 2;
   o.timeout_ms = timeoutMs;
   o.backend = SF_BACKEND_NCCL;
-  std::snprintf(o.rendezvous, sizeof o.rendezvous, "%s", k.rdv.c_str());
+  // One rendezvous per context: a file:// directory holds one job's roster,
+  // and every rank makes its contexts in the same order, so the N-th context
+  // of each rank meets at "<rdv>-N" (the first real two-rank run reused one
+  // directory and every case after the first was refused as a second job).
+  static int made = 0;
+  const std::string rdv = k.rdv.empty() ? k.rdv : k.rdv + "-" + std::to_string(made++);
+  std::snprintf(o.rendezvous, sizeof o.rendezvous, "%s", rdv.c_str());
   sf_context* ctx = nullptr;
   if (sf_create(&o, &ctx) != SF_OK) {
     std::printf("sf_create failed: %s\n", sf_last_error());

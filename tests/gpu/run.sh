@@ -153,7 +153,7 @@ step() {
   fi
   local limit=$((want < left ? want : left)) t0=$(date +%s) pids=() r rc=0 codes=()
   local port=$((29500 + RANDOM % 1000))  # one for all ranks (torch's env:// meets there)
-  rm -rf "$out/rdv-$name"
+  rm -rf "$out/rdv-$name" "$out/rdv-$name"-*
   for ((r = 0; r < world; ++r)); do
     local extra_var="SF_RANK_ENV_$r"
     # shellcheck disable=SC2086
@@ -198,11 +198,24 @@ shim=$carried/lib/libsfsync_shim.so
 step world1_parity 90 1 -- "$check" parity
 step world1_stream 30 1 -- "$check" stream
 step world1_trainer 30 1 -- "$bin/sfsync-cuda-trainer" --windows 8
+# The host prints its weight check ("OK") and the shim's report; each mode is
+# one RESULT line: the host's exit status and OK, and with the shim loaded,
+# the calls it deferred (none deferred is a FAIL: the shim did nothing).
 step shim_nccl_host 45 1 SF_HOST="$bin/sfsync_shim_nccl_host" SF_SHIM="$shim" -- bash -c '
-  set -e
-  "$SF_HOST" --ranks 1 --mode none --steps 4 --windows 6
-  LD_PRELOAD="$SF_SHIM" "$SF_HOST" --ranks 1 --mode calls --steps 4 --windows 6
-  LD_PRELOAD="$SF_SHIM" SF_ACCUMULATION_STEPS=4 "$SF_HOST" --ranks 1 --mode auto --steps 4 --windows 6'
+  host() {  # host MODE PRELOAD [ENV=V ...]
+    local mode=$1 pre=$2 log rc=0 deferred
+    shift 2
+    log=$(env ${pre:+LD_PRELOAD=$pre} "$@" "$SF_HOST" --ranks 1 --mode "$mode" --steps 4 --windows 6 2>&1) || rc=$?
+    printf "%s\n" "$log"
+    deferred=$(printf "%s\n" "$log" | grep -o "\"deferred\": [0-9]*" | tail -1 | grep -o "[0-9]*$")
+    if [ "$rc" -ne 0 ] || ! printf "%s\n" "$log" | grep -qx OK; then
+      echo "RESULT shim_host mode=$mode exit=$rc FAIL"; return 1
+    elif [ -n "$pre" ] && [ "${deferred:-0}" -eq 0 ]; then
+      echo "RESULT shim_host mode=$mode deferred=${deferred:-none} FAIL"; return 1
+    fi
+    echo "RESULT shim_host mode=$mode deferred=${deferred:--} OK"
+  }
+  host none "" && host calls "$SF_SHIM" && host auto "$SF_SHIM" SF_ACCUMULATION_STEPS=4'
 if [ -x "$python" ]; then
   # DDP all-reduces every pass (24); the shim sends 1 in 4 after learning the
   # pass (its report says how many bytes it deferred and sent).

@@ -94,7 +94,7 @@ def main():
     ref_windows = C.Windows()
     ref_norms = train(accelerator, ddp, opt, loader, ref_windows)
     C.say("ddp: clip norms %s" % " ".join("%.9g" % n for n in ref_norms))
-    ref = C.flat(ddp.module)
+    ref = C.flat(accelerator.unwrap_model(ddp))  # (one process: no DDP, no .module)
 
     cases = [("sfsync", dict(verify_every=1), False, 1e-6, (0.95, 1.10)),
              ("sharded", dict(shard_optimizer=True, verify_every=2), True, 1e-6, SHARDED),
