@@ -1,16 +1,12 @@
 #include "plugin/rendezvous/job_token.h"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "plugin/core/env.h"
 #include "plugin/core/error.h"
+#include "plugin/core/sha256.h"
 
 namespace sfsync {
 
@@ -39,26 +35,19 @@ std::string jobToken() {
 
 std::string randomBytes(size_t n) {
   std::string out(n, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(&out[0]), int(n)) != 1) {
-    fail(SF_ERR_INTERNAL, "OpenSSL RAND_bytes failed");
-  }
+  secureRandomBytes(&out[0], n);
   return out;
 }
 
 std::string proof(const std::string& key, const char* role, const std::string& a,
                   const std::string& b) {
   const std::string data = std::string(role) + '\0' + a + b;
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), key.data(), int(key.size()),
-            reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &len)) {
-    fail(SF_ERR_INTERNAL, "OpenSSL HMAC-SHA256 failed");
-  }
-  return std::string(reinterpret_cast<char*>(mac), len);
+  const Sha256Digest mac = hmacSha256(key.data(), key.size(), data.data(), data.size());
+  return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
 }
 
 bool sameSecret(const std::string& a, const std::string& b) {
-  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  return a.size() == b.size() && equalConstantTime(a.data(), b.data(), a.size());
 }
 
 }  // namespace sfsync
