@@ -12,7 +12,10 @@ path), through ccache when it is on PATH (CCACHE_BASEDIR = the source tree
 unless set). The binaries carry RPATH $ORIGIN, so the shim and the NCCL
 module find the package's libsfsync.so.1 next to them. Environment:
 SFSYNC_BUILD_TYPE (default Release), SFSYNC_CMAKE_ARGS (extra cmake
-arguments, split at spaces), SFSYNC_BUILD_JOBS (default: the CPU count).
+arguments, split at spaces), SFSYNC_BUILD_JOBS (default: the CPU count),
+SFSYNC_ZIG (the zig executable: the portable build of
+scripts/build-wheel.sh, Gloo and hiredis from third_party/ linked in, glibc
+SFSYNC_ZIG_GLIBC, default 2.28, and no libstdc++).
 """
 
 import os
@@ -71,6 +74,11 @@ class CMakeBuildPy(build_py):
         if shutil.which("ccache"):
             env.setdefault("CCACHE_BASEDIR", ROOT)
             args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        zig = os.environ.get("SFSYNC_ZIG")
+        if zig:  # the portable wheel (scripts/build-wheel.sh): Zig, vendored Gloo + hiredis
+            args += ["-DSF_VENDORED_DEPS=ON", "-DSF_ZIG=" + zig,
+                     "-DCMAKE_TOOLCHAIN_FILE=" + os.path.join(ROOT, "cmake", "zig-toolchain.cmake"),
+                     "-DSF_ZIG_GLIBC=" + os.environ.get("SFSYNC_ZIG_GLIBC", "2.28")]
         args += os.environ.get("SFSYNC_CMAKE_ARGS", "").split()
         run([cmake, "-S", ROOT, "-B", tree] + args, env)
         targets = subprocess.run([cmake, "--build", tree, "--target", "help"], env=env,

@@ -25,6 +25,14 @@ namespace {
 
 constexpr const char* kSymbol = "_ZN4gloo9allreduceERKNS_16AllreduceOptionsE";
 constexpr const char* kSystem = "libgloo.so.0";
+// The portable wheel's shim (SF_VENDORED_DEPS: Zig's libc++ and the vendored
+// Gloo's headers) cannot read the structures of a system Gloo built with
+// libstdc++: every Gloo is another Gloo to it.
+#ifdef SF_SHIM_PORTABLE
+constexpr bool kPortable = true;
+#else
+constexpr bool kPortable = false;
+#endif
 
 std::string builtAgainst() {
   return "built against Gloo " + std::to_string(GLOO_VERSION_MAJOR) + "." +
@@ -73,7 +81,7 @@ GlooHost resolve(const Dl_info& caller) {
   // Where the file the shim was built against exists here, the loaded
   // libgloo.so.0 must be that file (another libgloo.so.0 may be another Gloo).
   const bool builtFileHere = !built.empty() && ::access(built.c_str(), F_OK) == 0;
-  h.system = h.forward && h.forward == system && (!builtFileHere || loaded == built);
+  h.system = !kPortable && h.forward && h.forward == system && (!builtFileHere || loaded == built);
 
   const std::string systemState =
       system ? "the system " + std::string(kSystem) + " loaded here is " + loaded
@@ -91,14 +99,22 @@ GlooHost resolve(const Dl_info& caller) {
   } else {
     where = "gloo::allreduce in " + h.definer + " (called from " + h.caller + ")";
   }
-  h.facts = "host Gloo: " + where + ", not the system " + kSystem + " (" + builtAgainst() + "; " +
-            systemState + ")";
+  const bool portableSystem = kPortable && h.forward && h.forward == system;
+  h.facts = "host Gloo: " + where +
+            (portableSystem ? std::string(", the system ") + kSystem + ", which the portable "
+                              "wheel's shim does not read"
+                            : std::string(", not the system ") + kSystem) +
+            " (" + builtAgainst() + "; " + systemState + ")";
   const char* steps = sfsync::envValue("SF_ACCUMULATION_STEPS");
   const std::string windows =
       steps ? "SF_ACCUMULATION_STEPS=" + std::string(steps) + " and sf_begin_accumulation"
                       : "SF_ACCUMULATION_STEPS and sf_begin_accumulation";
   std::string resolved;
-  if (!h.forward) {
+  if (portableSystem) {
+    resolved = "is the system " + std::string(kSystem) + "'s, and this shim is the portable "
+               "wheel's (built with libc++ and its own Gloo's headers, it cannot read a system "
+               "Gloo's structures; build sfsync from source against this Gloo for its windows)";
+  } else if (!h.forward) {
     resolved = "has no definition but the shim's";
   } else if (realPath(h.definer) == realPath(h.caller)) {
     resolved = "is its own (a Gloo built into it, as pip's torch builds one into libtorch_cpu.so)";
