@@ -30,6 +30,13 @@ std::string ownDirectory() {
   return slash == std::string::npos ? "" : self.substr(0, slash + 1);
 }
 
+// A candidate that was opened stays open, even when it is refused: its
+// static constructors have run, and a library whose startup files do not
+// call __cxa_finalize at dlclose (the portable wheel's, built by Zig) leaves
+// the destructors they registered pointing into unmapped memory, which the
+// process then calls at exit (a crash after "NCCL backend not available").
+void keepOpen(void* handle) { (void)handle; }
+
 // Loads one candidate; "" on success, else why not.
 std::string tryLoad(const std::string& path) {
   ::dlerror();
@@ -40,7 +47,7 @@ std::string tryLoad(const std::string& path) {
   }
   auto entry = reinterpret_cast<sfn_entry_fn>(::dlsym(handle, SFN_ENTRY_POINT));
   if (!entry) {
-    ::dlclose(handle);
+    keepOpen(handle);
     return path + ": no symbol " SFN_ENTRY_POINT " (not an sfsync NCCL module)";
   }
   const sfn_api* api = entry(SFN_ABI_VERSION);
@@ -51,12 +58,12 @@ std::string tryLoad(const std::string& path) {
     const char* why = initError ? initError() : nullptr;
     if (why && *why) {
       std::string reason = why;
-      ::dlclose(handle);
+      keepOpen(handle);
       return reason;
     }
   }
   if (!api || api->struct_size < sizeof(sfn_api)) {
-    ::dlclose(handle);
+    keepOpen(handle);
     return path + ": module of another interface version (this libsfsync.so needs " +
            std::to_string(SFN_ABI_VERSION) + "); use the module built with it";
   }
