@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
-# Each phase says how long it took (the whole command should stay under 15
-# minutes on a 2-core machine: issue 25).
+# Each phase says how long it took (the goal, issue 34: at most 15 minutes
+# on a 2-core machine after the demo, the torch venv made; not met yet).
 phase_start=$SECONDS
 took() { echo "   ($1: $((SECONDS - phase_start)) s)"; phase_start=$SECONDS; }
 
@@ -30,9 +30,12 @@ build() {  # build DIR [--target T] [cmake args...]
 # The sanitizer trees run only the unit tests (ctest -L unit): they build only
 # what those need (the sf_unit_tests target: tests/support/unit_targets.cmake),
 # and check that nothing a unit test names is missing.
+# Debug with -g1 (line tables: a sanitizer report still names file:line; no
+# local-variable info), which GCC compiles 17-30 % faster than -g.
 build_unit() {  # build_unit DIR [cmake args...]
   local dir=$1; shift
-  build "$dir" --target sf_unit_tests "$@"
+  build "$dir" --target sf_unit_tests -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 \
+    -DCMAKE_CXX_FLAGS_DEBUG=-g1 "$@"
   python3 tests/support/check_unit_targets.py "$dir"
 }
 
@@ -49,12 +52,12 @@ echo "== tests: everything"
 (cd build && ctest -j "$jobs" --output-on-failure)
 took "tests: everything"
 
-build_unit build-asan -DSF_SANITIZE=address -DCMAKE_BUILD_TYPE=Debug
+build_unit build-asan -DSF_SANITIZE=address
 echo "== tests: AddressSanitizer + UBSan"
 (cd build-asan && ctest -j "$jobs" -L unit --output-on-failure)
 took "tests: ASan + UBSan"
 
-build_unit build-tsan -DSF_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
+build_unit build-tsan -DSF_SANITIZE=thread
 echo "== tests: ThreadSanitizer"
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" ctest -j "$jobs" -L unit --output-on-failure)
 took "tests: TSan"
