@@ -38,3 +38,7 @@ foreach(lang C CXX)
       "LINKER:--whole-archive" "<LINK_ITEM>" "LINKER:--no-whole-archive")
   set(CMAKE_${lang}_LINK_LIBRARY_USING_WHOLE_ARCHIVE_SUPPORTED TRUE)
 endforeach()
+# Zig emits DWARF even without -g: the wheel's libraries carry none (19.5 MB
+# of libsfsync.so.1 was debug info), as a manylinux wheel's usually do not.
+set(CMAKE_SHARED_LINKER_FLAGS_INIT "-s")
+set(CMAKE_MODULE_LINKER_FLAGS_INIT "-s")
