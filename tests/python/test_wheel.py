@@ -60,6 +60,7 @@ for the first root): missing, the test says which and exits 77 (a skip),
 or 1 with CI=true.
 
     test_wheel.py [--python PY] [--keep DIR] [--glibc 2.N]
+    test_wheel.py --prepare     only the downloads: the tool venv and the root
 """
 
 import argparse
@@ -683,6 +684,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--python", default=sys.executable, help="the torch 2.x python")
     p.add_argument("--keep", help="work in DIR and keep it")
+    p.add_argument("--prepare", action="store_true", help="only make the cached tool venv and "
+                   "the bullseye root (downloads: scripts/test.sh does this with the torch venv)")
     p.add_argument("--glibc", default="2.28", help="the glibc the wheel targets (2.34: the "
                    "on-purpose break; the test must fail)")
     args = p.parse_args()
@@ -693,6 +696,12 @@ def main():
         ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
         print("%s: missing prerequisite: %s" % ("FAILED (CI=true)" if ci else "SKIPPED", e))
         return 1 if ci else 77
+    if args.prepare:
+        bindir = tools()
+        ok = bindir is not None and make_root()
+        print("%s: the tool venv %s and the root %s" % ("READY" if ok and not failures
+                                                       else "FAILED", TOOLS, DEBROOT))
+        return 0 if ok and not failures else 1
     work = args.keep or tempfile.mkdtemp(prefix="sfsync-wheel-")
     os.makedirs(work, exist_ok=True)
     try:
