@@ -49,8 +49,8 @@ since issue 34):
    nothing but glibc, ``python -m sfsync`` (the doctor) exits 0 with Gloo
    available and the NCCL module loaded, and wheel_smoke.py runs two ranks
    (a window checked element by element, synchronize, broadcast). The
-   negative control: a small library bound to pthread_create@GLIBC_2.34 (zig
-   cc targeting 2.34) must fail the objdump check and must not load in the
+   negative control: a small library bound to pthread_create@GLIBC_2.34 (gcc
+   on this glibc 2.36) must fail the objdump check and must not load in the
    root. (torch is not in that root: the GradientSync window runs in 3.)
    ``--glibc 2.34`` builds the wheel for glibc 2.34 instead: every check of
    2 and 4 that concerns glibc must then fail (the on-purpose break).
@@ -592,36 +592,33 @@ def root_facts():
           "or sfsync (found: %s)" % (bad + dev or "none"))
 
 
-def needs_new_glibc(work, bindir):
-    """The negative control: a small library that binds pthread_create@GLIBC_2.34
-    (Zig targeting glibc 2.34, as a wheel built on a newer system would). The
-    symbol-version check must reject it and the old root must refuse to load it."""
-    zig = subprocess.run([os.path.join(bindir, "python"), "-c",
-                          "import os, ziglang; print(os.path.join(os.path.dirname("
-                          "ziglang.__file__), 'zig'))"], stdout=subprocess.PIPE, text=True)
+def needs_new_glibc(work):
+    """The negative control: a small library that binds pthread_create@GLIBC_2.34,
+    as any library linked on a glibc >= 2.34 system does (this machine's gcc
+    and glibc 2.36). The symbol-version check must reject it and the old root
+    must refuse to load it."""
     src, lib = os.path.join(work, "needs234.c"), os.path.join(work, "libneeds234.so")
     with open(src, "w") as f:
         f.write("#include <pthread.h>\n"
                 "static void* f(void* a) { return a; }\n"
                 "int needs234(void) { pthread_t t; return pthread_create(&t, 0, f, 0) || "
                 "pthread_join(t, 0); }\n")
-    r = run([zig.stdout.strip(), "cc", "-target", "x86_64-linux-gnu.2.34", "-shared", "-fPIC",
-             src, "-o", lib])
-    if not check(r.returncode == 0, "the negative control libneeds234.so (zig cc, glibc 2.34)"):
+    r = run(["gcc", "-shared", "-fPIC", src, "-o", lib])
+    if not check(r.returncode == 0, "the negative control libneeds234.so (gcc, this glibc)"):
         return None
     glibc, _ = symbol_versions(lib)
     check((2, 34) in glibc and max(glibc) > MAX_GLIBC,
           "objdump -T flags libneeds234.so: it needs GLIBC_%s, above 2.28"
-          % ".".join(map(str, max(glibc))) if glibc else "?")
+          % (".".join(map(str, max(glibc))) if glibc else "?"))
     return lib
 
 
-def smoke_in_root(work, wheel, bindir):
+def smoke_in_root(work, wheel):
     stage = os.path.join(work, "stage")
     os.makedirs(stage)
     shutil.copy(wheel, stage)
     shutil.copy(os.path.join(HERE, "wheel_smoke.py"), stage)
-    control = needs_new_glibc(work, bindir)
+    control = needs_new_glibc(work)
     if control:
         shutil.copy(control, stage)
     # In the root: its own glibc, the wheel into a venv, ldd, the doctor
@@ -717,7 +714,7 @@ def main():
                 start = time.monotonic()
                 if make_root():
                     root_facts()
-                    smoke_in_root(work, wheel, bindir)
+                    smoke_in_root(work, wheel)
                 step("the smoke test in the minimal root", start)
     finally:
         if not args.keep:
