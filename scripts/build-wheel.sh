@@ -45,9 +45,10 @@ zig=$("$tools/bin/python" -c 'import os, ziglang; print(os.path.join(os.path.dir
 
 work=$(mktemp -d /tmp/sfsync-wheel-build.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-# A plain venv for pip (build isolation: setuptools and wheel from PyPI).
+# A plain venv for pip (build isolation: setuptools and wheel from PyPI). One
+# CMake tree per target glibc (the wrappers name it; objects do not).
 /usr/bin/python3 -m venv "$work/pip"
-SFSYNC_ZIG=$zig SFSYNC_ZIG_GLIBC=$glibc SFSYNC_CMAKE_BUILD_DIR=${SFSYNC_CMAKE_BUILD_DIR:-$root/build-wheel} \
+SFSYNC_ZIG=$zig SFSYNC_ZIG_GLIBC=$glibc SFSYNC_CMAKE_BUILD_DIR=${SFSYNC_CMAKE_BUILD_DIR:-$root/build-wheel-glibc$glibc} \
   "$work/pip/bin/pip" wheel -q --no-deps -w "$work/dist" "$root" >&2
 # auditwheel adds every lower tag the symbols also allow (today's libraries
 # need GLIBC_2.25 at most: manylinux_2_26 too).
