@@ -30,14 +30,12 @@ std::string ownDirectory() {
   return slash == std::string::npos ? "" : self.substr(0, slash + 1);
 }
 
-// A candidate that was opened stays open, even when it is refused: its
-// static constructors have run, and a library whose startup files do not
-// call __cxa_finalize at dlclose (the portable wheel's, built by Zig) leaves
-// the destructors they registered pointing into unmapped memory, which the
-// process then calls at exit (a crash after "NCCL backend not available").
-void keepOpen(void* handle) { (void)handle; }
-
-// Loads one candidate; "" on success, else why not.
+// Loads one candidate; "" on success, else why not. A candidate that was
+// opened is never closed, even when it is refused: its static constructors
+// have run, and a library whose startup files do not call __cxa_finalize at
+// dlclose (the portable wheel's, built by Zig) leaves the destructors they
+// registered pointing into unmapped memory, which the process then calls at
+// exit (a crash after "NCCL backend not available").
 std::string tryLoad(const std::string& path) {
   ::dlerror();
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -46,24 +44,16 @@ std::string tryLoad(const std::string& path) {
     return e ? e : "dlopen failed";
   }
   auto entry = reinterpret_cast<sfn_entry_fn>(::dlsym(handle, SFN_ENTRY_POINT));
-  if (!entry) {
-    keepOpen(handle);
-    return path + ": no symbol " SFN_ENTRY_POINT " (not an sfsync NCCL module)";
-  }
+  if (!entry) return path + ": no symbol " SFN_ENTRY_POINT " (not an sfsync NCCL module)";
   const sfn_api* api = entry(SFN_ABI_VERSION);
   if (!api) {
     // The module loaded but could not load the CUDA runtime or NCCL (or a
-    // function of theirs): its reason, copied before the module goes.
+    // function of theirs): its reason.
     auto initError = reinterpret_cast<sfn_init_error_fn>(::dlsym(handle, SFN_INIT_ERROR_ENTRY));
     const char* why = initError ? initError() : nullptr;
-    if (why && *why) {
-      std::string reason = why;
-      keepOpen(handle);
-      return reason;
-    }
+    if (why && *why) return why;
   }
   if (!api || api->struct_size < sizeof(sfn_api)) {
-    keepOpen(handle);
     return path + ": module of another interface version (this libsfsync.so needs " +
            std::to_string(SFN_ABI_VERSION) + "); use the module built with it";
   }
