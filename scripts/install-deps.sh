@@ -21,6 +21,7 @@ packages=(
   clang-14 libclang-rt-14-dev         # libFuzzer targets (tests/fuzz: ctest -L fuzz)
   openmpi-bin                         # mpirun for the launcher tests (mpi:// loads libmpi.so.40)
   slurm-wlm munge                     # a single-node Slurm for the launcher tests (srun -n 2)
+  doxygen                             # the C reference of the docs site (scripts/docs-venv.sh, ctest -R docs_site)
 )
 
 missing=()
