@@ -1,5 +1,5 @@
 // plugin/core/params.cpp (the SF_* parameter table) and plugin/core/env.cpp
-// (the one reader): the table against the README's Environment section and
+// (the one reader): the table against docs/launchers.md's Environment section and
 // against the sources, and the readers' rules.
 #include <boost/test/unit_test.hpp>
 
@@ -33,9 +33,10 @@ std::string readFile(const std::filesystem::path& path) {
   return s.str();
 }
 
-// The SF_* names in the first column of the README's Environment table.
+// The SF_* names in the first column of the Environment table of
+// docs/launchers.md (the README's until 0.4).
 std::set<std::string> readmeNames() {
-  const std::string text = readFile(std::filesystem::path(SF_SOURCE_DIR) / "README.md");
+  const std::string text = readFile(std::filesystem::path(SF_SOURCE_DIR) / "docs" / "launchers.md");
   const size_t begin = text.find("\n## Environment\n");
   BOOST_REQUIRE(begin != std::string::npos);
   const size_t end = text.find("\n## ", begin + 1);
@@ -65,7 +66,7 @@ BOOST_AUTO_TEST_SUITE(params_tests)
 BOOST_AUTO_TEST_CASE(rows_are_complete_and_declared_once) {
   size_t n = 0;
   const Param* p = params(&n);
-  BOOST_TEST(n == 27u);  // a new variable: a row, a README row, and this count
+  BOOST_TEST(n == 27u);  // a new variable: a row, a row in docs/launchers.md, and this count
   std::set<std::string> seen;
   for (size_t i = 0; i < n; ++i) {
     BOOST_TEST_CONTEXT(p[i].name) {
@@ -94,8 +95,8 @@ BOOST_AUTO_TEST_CASE(readme_environment_lists_exactly_the_table) {
   for (const std::string& n : readme) {
     if (!table.count(n)) extra.insert(n);
   }
-  BOOST_TEST(missing.empty(), "in plugin/core/params.cpp, not in README.md's Environment: " << joined(missing));
-  BOOST_TEST(extra.empty(), "in README.md's Environment, not in plugin/core/params.cpp: " << joined(extra));
+  BOOST_TEST(missing.empty(), "in plugin/core/params.cpp, not in docs/launchers.md's Environment: " << joined(missing));
+  BOOST_TEST(extra.empty(), "in docs/launchers.md's Environment, not in plugin/core/params.cpp: " << joined(extra));
   BOOST_TEST(readme.size() == table.size());
 }
 
