@@ -3,8 +3,8 @@ attachment, the framework integrations): which backward pass stays local and
 which one synchronizes, decided once per pass at its start. Pure logic, no
 torch and no library calls: the faces apply the decision to the context.
 
-Two sources decide, with one rule between them (DESIGN.md, "Hosts that decide
-their own windows"):
+Two sources decide, with one rule between them (docs/python.md, "Windows
+from the host"):
 
 * the host: a pass whose forward runs inside ``no_sync()`` (DDP's, or the
   face's own) stays local; once the host has given that signal, a pass

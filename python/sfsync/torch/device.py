@@ -1,6 +1,6 @@
 """What sfsync.torch does differently per device, and nothing else (issue 23).
 
-One code path for every device (DESIGN.md): the flat gradient buffer, the
+One code path for every device (docs/cuda.md, "sfsync.torch on a CUDA model"): the flat gradient buffer, the
 flat parameter buffer and the shard views are torch tensors on the model's
 device, handled by the same Python logic whatever that device is. What
 differs is only:

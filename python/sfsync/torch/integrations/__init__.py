@@ -1,5 +1,5 @@
 """sfsync inside trainer frameworks that decide their own accumulation
-windows (DESIGN.md, "Hosts that decide their own windows").
+windows (docs/frameworks.md; the rule: docs/python.md, "Windows from the host").
 
 One module per framework, each importing its framework only when used, so
 ``import sfsync`` never needs any of them:
