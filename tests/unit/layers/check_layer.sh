@@ -6,8 +6,8 @@
 # directories of the static library of LAYER (what its own sources compile
 # with, transitive usage requirements included): a probe of LAYER or of a
 # layer below it must compile (the control), a probe of a layer above must
-# fail with the compiler's "No such file" for exactly that header (the
-# upward include). Exit 0 when every probe did what it should, else 1 with
+# fail with the compiler's "No such file" (GCC) or "file not found" (clang)
+# for exactly that header (the upward include). Exit 0 when every probe did what it should, else 1 with
 # each one that did not.
 set -u
 cxx=$1 layer=$2
@@ -33,7 +33,7 @@ for p in $probes; do
   else
     if [ $above -eq 0 ]; then
       echo "FAIL: layer $layer could not include plugin/$p (at or below it):"; cat "$work/out"; bad=1
-    elif grep -q "plugin/$p: No such file" "$work/out"; then
+    elif grep -q -e "plugin/$p: No such file" -e "'plugin/$p' file not found" "$work/out"; then
       refused=$((refused + 1))
     else
       echo "FAIL: layer $layer failed on plugin/$p for another reason than the layer rule:"

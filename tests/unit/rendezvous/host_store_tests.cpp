@@ -49,7 +49,7 @@ SyncRun syncRank(int rank, int world, const std::string& rendezvous, MapStore* s
     if (!check(sf_set_store(h.ctx, &s, prefix.c_str()))) return run;
   }
   for (size_t i = 0; i < 3; ++i) {
-    std::vector<float> g(size_t(kNumel[i]));
+    std::vector<float> g(static_cast<size_t>(kNumel[i]));
     for (size_t j = 0; j < g.size(); ++j) g[j] = float(rank + 1) * float(i + 1) + float(j) * 0.001f;
     run.grads.push_back(std::move(g));
   }
