@@ -7,12 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
-source scripts/build-env.sh  # launcher (ccache), normal_build_type
+source scripts/build-env.sh  # launcher (ccache), normal_tree
 mkdir -p build
 # The tree and build type scripts/test.sh uses (through ccache): only what
 # the demo runs is built here, and the test command's build then compiles
 # only the rest.
-cmake -S . -B build -DCMAKE_BUILD_TYPE="$normal_build_type" "${launcher[@]}" > build/build.log 2>&1 \
+cmake -S . -B build "${normal_tree[@]}" "${launcher[@]}" > build/build.log 2>&1 \
   || { cat build/build.log; exit 1; }
 cmake --build build -j "$(nproc)" --target sfsync-run sfsync-c-trainer >> build/build.log 2>&1 \
   || { tail -50 build/build.log; exit 1; }

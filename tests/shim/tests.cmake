@@ -15,7 +15,7 @@ add_executable(sfsync_shim_tests
   ${SF_SHIM_TESTS}/pass_tracker_tests.cpp
   ${SF_SHIM_TESTS}/shim_policy_tests.cpp)
 target_compile_definitions(sfsync_shim_tests PRIVATE BOOST_TEST_DYN_LINK)
-target_compile_options(sfsync_shim_tests PRIVATE -Wall -Wextra)
+target_compile_options(sfsync_shim_tests PRIVATE -Wall -Wextra ${SF_TEST_CODE_OPTIONS})
 target_link_libraries(sfsync_shim_tests PRIVATE sfsync_shim_policy sfsync gloo Boost::unit_test_framework)
 foreach(suite reduce_probe_tests pass_tracker_tests shim_policy_tests)
   add_test(NAME ${suite} COMMAND sfsync_shim_tests --run_test=${suite})
