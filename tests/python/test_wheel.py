@@ -55,6 +55,11 @@ since issue 34):
    ``--glibc 2.34`` builds the wheel for glibc 2.34 instead: every check of
    2 and 4 that concerns glibc must then fail (the on-purpose break).
 
+The Zig build of step 1 can be made ahead from the same sources
+(``--prebuild DIR``, which scripts/test.sh starts in the background before
+its own builds; ctest passes ``--prebuilt DIR``): the test then checks that
+wheel, if DIR names the fingerprint of the test's own copy of the checkout.
+
 Prerequisites (root, debootstrap, unshare, chroot, PyPI; Debian's mirror
 for the first root): missing, the test says which and exits 77 (a skip),
 or 1 with CI=true.
@@ -64,7 +69,9 @@ or 1 with CI=true.
 """
 
 import argparse
+import fcntl
 import glob
+import hashlib
 import json
 import os
 import re
@@ -201,19 +208,107 @@ def tool_env(bindir):
 
 # ---- 1 + 2: the wheel ---------------------------------------------------------
 
-def build_wheel(work, bindir, glibc="2.28"):
-    """scripts/build-wheel.sh from a copy of the checkout: pip wheel (build
-    isolation) with Zig, then auditwheel repair; the repaired wheel's path."""
-    src, house = (os.path.join(work, d) for d in ("src", "wheelhouse"))
-    copy_checkout(src)
+def tree_fingerprint(src):
+    """SHA-256 over a copied checkout: every path, its kind (file, executable,
+    link) and its contents or link target. Equal fingerprints: the same sources."""
+    h = hashlib.sha256()
+    for d, dirs, files in os.walk(src):
+        dirs.sort()
+        names = sorted(files + [n for n in dirs if os.path.islink(os.path.join(d, n))])
+        for n in names:
+            path = os.path.join(d, n)
+            h.update(os.path.relpath(path, src).encode() + b"\0")
+            if os.path.islink(path):
+                h.update(b"L" + os.readlink(path).encode() + b"\0")
+                continue
+            h.update(b"X" if os.access(path, os.X_OK) else b"F")
+            with open(path, "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def run_build_wheel(src, house, glibc):
+    """scripts/build-wheel.sh in the copy SRC; the repaired wheels in HOUSE."""
     r = run(["bash", os.path.join(src, "scripts", "build-wheel.sh"), "--out", house,
              "--glibc", glibc], env=clean_env(SF_WHEEL_TOOLS=TOOLS), quiet=True, timeout=1200)
-    wheels = glob.glob(os.path.join(house, "sfsync-*.whl"))
-    if not check(r.returncode == 0 and len(wheels) == 1,
-                 "scripts/build-wheel.sh --glibc %s: %s" % (glibc, [os.path.basename(w) for w in wheels])):
-        print(r.stdout[-4000:], flush=True)
+    return r, glob.glob(os.path.join(house, "sfsync-*.whl"))
+
+
+# The wheel's build (Zig: most of this test's time) can be made ahead, from
+# the same sources: scripts/test.sh starts `--prebuild DIR` in the background
+# before its builds, and ctest's run takes `--prebuilt DIR`. The prebuild holds
+# DIR/lock while it works; the test waits for it, then uses its wheel only if
+# DIR/source names the fingerprint of the test's own copy of the checkout and
+# the same glibc (anything edited since: the test builds its own). Every check
+# below runs on the wheel either way.
+def prebuild(out, glibc):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(out, "source")):
+            os.remove(os.path.join(out, "source"))
+        for n in ("wheelhouse", "src"):
+            shutil.rmtree(os.path.join(out, n), ignore_errors=True)
+        start = time.monotonic()
+        if tools() is None:
+            return 1
+        src, house = os.path.join(out, "src"), os.path.join(out, "wheelhouse")
+        copy_checkout(src)
+        fingerprint = tree_fingerprint(src)
+        r, wheels = run_build_wheel(src, house, glibc)
+        shutil.rmtree(src, ignore_errors=True)
+        if r.returncode != 0 or len(wheels) != 1:
+            print(r.stdout[-4000:], flush=True)
+            print("PREBUILD FAILED: scripts/build-wheel.sh exit %d, wheels %s (the test will "
+                  "build its own)" % (r.returncode, wheels), flush=True)
+            return 1
+        with open(os.path.join(out, "source"), "w") as f:
+            f.write("%s glibc %s %s\n" % (fingerprint, glibc, os.path.basename(wheels[0])))
+        print("PREBUILT %s in %.0f s (sources %s)" % (wheels[0], time.monotonic() - start,
+                                                     fingerprint[:16]), flush=True)
+    return 0
+
+
+def prebuilt_wheel(out, fingerprint, glibc, house):
+    """The wheel `--prebuild OUT` made from these sources, copied into HOUSE, or None."""
+    if not out or not os.path.isdir(out):
         return None
-    wheel = wheels[0]
+    start = time.monotonic()
+    with open(os.path.join(out, "lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # a prebuild still running: wait for it
+        waited = time.monotonic() - start
+        try:
+            with open(os.path.join(out, "source")) as f:
+                made = f.read().split()
+        except OSError:
+            made = []
+        wheel = os.path.join(out, "wheelhouse", made[3]) if len(made) == 4 else ""
+        if made[:3] != [fingerprint, "glibc", glibc] or not os.path.isfile(wheel):
+            print("the prebuilt wheel in %s is not from these sources (%s; these: %s glibc %s): "
+                  "building" % (out, " ".join(made) or "none made", fingerprint[:16], glibc),
+                  flush=True)
+            return None
+        os.makedirs(house, exist_ok=True)
+        shutil.copy(wheel, house)
+    print("the wheel prebuilt by scripts/test.sh from these same sources (%s, waited %.0f s "
+          "for it): %s" % (fingerprint[:16], waited, os.path.basename(wheel)), flush=True)
+    return os.path.join(house, os.path.basename(wheel))
+
+
+def build_wheel(work, bindir, glibc="2.28", prebuilt=None):
+    """scripts/build-wheel.sh from a copy of the checkout: pip wheel (build
+    isolation) with Zig, then auditwheel repair (or that wheel, prebuilt from
+    the same sources); the repaired wheel's path."""
+    src, house = (os.path.join(work, d) for d in ("src", "wheelhouse"))
+    copy_checkout(src)
+    wheel = prebuilt_wheel(prebuilt, tree_fingerprint(src), glibc, house)
+    if not wheel:
+        r, wheels = run_build_wheel(src, house, glibc)
+        if not check(r.returncode == 0 and len(wheels) == 1, "scripts/build-wheel.sh --glibc %s: %s"
+                     % (glibc, [os.path.basename(w) for w in wheels])):
+            print(r.stdout[-4000:], flush=True)
+            return None
+        wheel = wheels[0]
     tags = re.match(r"sfsync-[^-]+-py3-none-(.*)\.whl$", os.path.basename(wheel))
     tags = tags.group(1).split(".") if tags else []
     check(EXPECTED_TAG in tags and all(glibc_of_tag(t) <= MAX_GLIBC for t in tags),
@@ -685,6 +780,10 @@ def main():
                    "the bullseye root (downloads: scripts/test.sh does this with the torch venv)")
     p.add_argument("--glibc", default="2.28", help="the glibc the wheel targets (2.34: the "
                    "on-purpose break; the test must fail)")
+    p.add_argument("--prebuild", metavar="DIR", help="only build the wheel into DIR, for a "
+                   "later run's --prebuilt DIR (scripts/test.sh, in the background)")
+    p.add_argument("--prebuilt", metavar="DIR", help="use the wheel --prebuild DIR made, if "
+                   "from these same sources (waits while that build runs)")
     args = p.parse_args()
     t0 = time.monotonic()
     try:
@@ -693,6 +792,8 @@ def main():
         ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
         print("%s: missing prerequisite: %s" % ("FAILED (CI=true)" if ci else "SKIPPED", e))
         return 1 if ci else 77
+    if args.prebuild:
+        return prebuild(args.prebuild, args.glibc)
     if args.prepare:
         bindir = tools()
         ok = bindir is not None and make_root()
@@ -707,7 +808,7 @@ def main():
         step("the tool venv", start)
         if bindir:
             start = time.monotonic()
-            wheel = build_wheel(work, bindir, args.glibc)
+            wheel = build_wheel(work, bindir, args.glibc, args.prebuilt)
             step("scripts/build-wheel.sh (pip wheel isolated, Zig) + auditwheel show", start)
             if wheel:
                 torch_venv(work, args.python, wheel)
