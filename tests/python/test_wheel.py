@@ -242,6 +242,7 @@ def run_build_wheel(src, house, glibc):
 # the same glibc (anything edited since: the test builds its own). Every check
 # below runs on the wheel either way.
 def prebuild(out, glibc):
+    out = os.path.abspath(out)  # run() works from /
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -273,6 +274,7 @@ def prebuilt_wheel(out, fingerprint, glibc, house):
     """The wheel `--prebuild OUT` made from these sources, copied into HOUSE, or None."""
     if not out or not os.path.isdir(out):
         return None
+    out = os.path.abspath(out)
     start = time.monotonic()
     with open(os.path.join(out, "lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)  # a prebuild still running: wait for it
