@@ -66,6 +66,7 @@ kill_tree() {
   kill "$1" 2> /dev/null || true
 }
 trap 'kill_tree "$wheel_pid"; kill_tree "$sanitizers_pid"' EXIT
+trap 'exit 143' INT TERM  # through the EXIT trap
 
 # The torch 2.x half of the Python suites runs under pip's newest torch in a
 # venv outside the checkout (scripts/torch2-venv.sh: ~5.6 GB, about 2 min to
