@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 
+#include "plugin/api/default_backends.h"
 #include "plugin/api/default_context.h"
 #include "plugin/api/guard.h"
 #include "plugin/core/log.h"
@@ -110,7 +111,7 @@ sf_status sf_create(const sf_options* opts, sf_context** out) {
     sf_context*& result = checked(out, "out");
     sf_options o = sfsync::optionsFromCaller(opts);
     sfsync::validateOptions(o);
-    result = new sf_context(o);
+    result = new sf_context(o, sfsync::defaultBackends());
   });
 }
 
@@ -132,7 +133,7 @@ sf_status sf_default_context(sf_context** out) {
     if (!instance) {
       sf_options o = sfsync::optionsFromCaller(nullptr);
       sfsync::validateOptions(o);
-      instance = new sf_context(o);
+      instance = new sf_context(o, sfsync::defaultBackends());
     }
     result = instance;
     sfsync::publishDefaultContext(instance);  // for the shim (plugin/api/internal_api.cpp)

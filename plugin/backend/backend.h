@@ -152,6 +152,20 @@ class Backend : public MemoryOps {
   // to every rank (sf_broadcast). Every rank passes the same bytes and root
   // (the caller checks); no work may be in flight.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
+
+  // ---- What a device backend adds (the defaults: a host backend's answers).
+  // The host's stream (a cudaStream_t; NULL: the legacy default stream)
+  // that collectives order after. Nothing for host memory.
+  virtual void setHostStream(void* stream) { (void)stream; }
+  // Use the host's communicator (an ncclComm_t) from now on, before the
+  // first collective; checks its rank, size and device against the options.
+  virtual void adopt(void* comm) {
+    (void)comm;
+    fail(SF_ERR_UNSUPPORTED, std::string("the ") + name() + " backend has no communicator to adopt");
+  }
+  // SF_ERR_INVALID_ARGUMENT unless [p, p + bytes) is memory this backend
+  // reduces in place (a device backend: this rank's GPU). Host memory: anything.
+  virtual void checkDeviceMemory(const void* p, size_t bytes) { (void)p, (void)bytes; }
 };
 
 }  // namespace sfsync

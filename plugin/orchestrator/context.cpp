@@ -9,9 +9,6 @@
 #include <sstream>
 #include <vector>
 
-#include "plugin/backend/gloo_backend.h"
-#include "plugin/backend/local_backend.h"
-#include "plugin/backend/nccl/nccl_backend.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
@@ -27,11 +24,13 @@ sf_options clamped(sf_options o) {
 }
 }  // namespace
 
-Context::Context(const sf_options& opts)
+Context::Context(const sf_options& opts, BackendMaker makeBackend)
     : opts_(clamped(opts)),
       trace_(Tracer::fromEnvironment(opts_.rank, opts_.world_size)),
       reducer_(opts_, [this](sf_device d) -> Backend& { return backendFor(d); }),
       rendezvous_(std::make_shared<Rendezvous>(opts_)) {
+  if (!makeBackend) fail(SF_ERR_INTERNAL, "a Context needs a BackendMaker");
+  makeBackend_ = std::move(makeBackend);
   reducer_.setTracer(trace_.get());
   logSetRank(opts_.rank);
   SF_LOG(kInfo, "context", "rank " << opts_.rank << " of " << opts_.world_size << ", backend "
@@ -55,27 +54,23 @@ Backend& Context::backendFor(sf_device device) {
   std::lock_guard<std::mutex> lock(backendsMutex_);
   auto& slot = backends_[device];
   if (slot) return *slot;
-  if (device == SF_DEVICE_HOST) {
-    if (opts_.backend == SF_BACKEND_NCCL) {
-      fail(SF_ERR_UNSUPPORTED,
-           "backend = nccl cannot reduce host-memory gradients; use gloo or auto");
-    }
-    if (opts_.world_size == 1) {
-      slot = std::make_unique<LocalBackend>();
-    } else {
-      slot = std::make_unique<GlooBackend>(opts_, rendezvous_);
-    }
-  } else {
-    if (opts_.backend == SF_BACKEND_GLOO) {
-      fail(SF_ERR_UNSUPPORTED,
-           "backend = gloo cannot reduce CUDA gradients; use nccl or auto");
-    }
-    auto nccl = std::make_unique<NcclBackend>(opts_, rendezvous_);  // SF_ERR_UNSUPPORTED without CUDA/NCCL/GPU
-    nccl->setHostStream(cudaStream_);
-    nccl_ = nccl.get();
-    slot = std::move(nccl);
+  if (device == SF_DEVICE_HOST && opts_.backend == SF_BACKEND_NCCL) {
+    fail(SF_ERR_UNSUPPORTED, "backend = nccl cannot reduce host-memory gradients; use gloo or auto");
   }
+  if (device == SF_DEVICE_CUDA && opts_.backend == SF_BACKEND_GLOO) {
+    fail(SF_ERR_UNSUPPORTED, "backend = gloo cannot reduce CUDA gradients; use nccl or auto");
+  }
+  auto made = makeBackend_(device, opts_, rendezvous_);  // SF_ERR_UNSUPPORTED: no CUDA/NCCL/GPU
+  if (!made) fail(SF_ERR_INTERNAL, "the BackendMaker made no backend for device " + std::to_string(device));
+  made->setHostStream(cudaStream_);
+  slot = std::move(made);
   return *slot;
+}
+
+Backend* Context::madeBackend(sf_device device) {
+  std::lock_guard<std::mutex> lock(backendsMutex_);
+  auto it = backends_.find(device);
+  return it == backends_.end() ? nullptr : it->second.get();
 }
 
 void Context::setCudaStream(void* stream) {
@@ -85,13 +80,14 @@ void Context::setCudaStream(void* stream) {
   }
   std::lock_guard<std::mutex> lock(backendsMutex_);
   cudaStream_ = stream;
-  if (nccl_) nccl_->setHostStream(stream);
+  for (auto& kv : backends_) {
+    if (kv.second) kv.second->setHostStream(stream);
+  }
 }
 
 void Context::adoptNcclComm(void* comm) {
   if (!comm) fail(SF_ERR_INVALID_ARGUMENT, "comm is NULL");
-  backendFor(SF_DEVICE_CUDA);
-  nccl_->adopt(comm);
+  backendFor(SF_DEVICE_CUDA).adopt(comm);
 }
 
 void Context::setBucketCapMb(double mb) {
@@ -119,8 +115,9 @@ int64_t Context::registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_
     s << "numel = " << numel << " is too large";
   } else {
     if (device == SF_DEVICE_CUDA) {
-      backendFor(device);  // SF_ERR_UNSUPPORTED now, not at the first synchronization
-      if (data) nccl_->checkDeviceMemory(data, size_t(numel) * dtypeSize(dtype));
+      // SF_ERR_UNSUPPORTED now, not at the first synchronization.
+      Backend& backend = backendFor(device);
+      if (data) backend.checkDeviceMemory(data, size_t(numel) * dtypeSize(dtype));
     }
     const int64_t id = reducer_.addGradient(data, numel, dtype, device, name);
     gradientCount_.store(id + 1, std::memory_order_relaxed);
@@ -409,9 +406,12 @@ void Context::setShardLayout(sf_shard_layout layout) {
 void Context::registerParameter(int64_t id, void* data, int64_t numel, sf_dtype dtype,
                                 sf_device device) {
   checkId(id);
-  if (device == SF_DEVICE_CUDA && data && nccl_) {
-    nccl_->checkDeviceMemory(data, size_t(std::max<int64_t>(numel, 0)) *
-                                       (dtypeValid(dtype) ? dtypeSize(dtype) : 1));
+  if (device == SF_DEVICE_CUDA && data) {
+    Backend* cuda = madeBackend(SF_DEVICE_CUDA);
+    if (cuda) {
+      cuda->checkDeviceMemory(data, size_t(std::max<int64_t>(numel, 0)) *
+                                        (dtypeValid(dtype) ? dtypeSize(dtype) : 1));
+    }
   }
   reducer_.addParameter(id, data, numel, dtype, device);
 }

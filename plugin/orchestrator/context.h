@@ -7,6 +7,7 @@
 // and transport to the backends. Not responsible for how bytes move.
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,11 +21,17 @@
 
 namespace sfsync {
 
-class NcclBackend;
+// What a Context makes its backends with: the backend for one device's
+// memory, made at its first use, over the context's options and rendezvous
+// (which a backend uses at connect()). The Context names no concrete
+// backend: api/ hands it the default set (plugin/api/default_backends.h), a
+// test its own (tests/unit/orchestrator/recording_backend_tests.cpp).
+using BackendMaker = std::function<std::unique_ptr<Backend>(
+    sf_device device, const sf_options& opts, const std::shared_ptr<Rendezvous>& rendezvous)>;
 
 class Context {
  public:
-  explicit Context(const sf_options& opts);  // validated options
+  Context(const sf_options& opts, BackendMaker makeBackend);  // validated options
   ~Context();
 
   // ---- Options and registration -------------------------------------------
@@ -110,6 +117,7 @@ class Context {
 
  private:
   Backend& backendFor(sf_device device);
+  Backend* madeBackend(sf_device device);  // nullptr until backendFor made it
   // The backend for control collectives: Gloo (host memory), or NCCL when
   // backend = nccl.
   Backend& controlBackend();
@@ -125,9 +133,9 @@ class Context {
   double passStartUs_ = 0;     // trace: the current pass's first grad-ready
   int64_t readyInPass_ = 0;    // trace: grad-ready calls of the current pass
   std::mutex backendsMutex_;
+  BackendMaker makeBackend_;
   std::map<sf_device, std::unique_ptr<Backend>> backends_;
-  NcclBackend* nccl_ = nullptr;  // backends_[SF_DEVICE_CUDA] once created
-  void* cudaStream_ = nullptr;   // the host's cudaStream_t
+  void* cudaStream_ = nullptr;  // the host's cudaStream_t
   Reducer reducer_;  // after backends_: destroyed first, while backends live
 
   // The windows and the number each synchronization checks across ranks.

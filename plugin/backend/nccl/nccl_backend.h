@@ -63,12 +63,12 @@ class NcclBackend : public Backend {
   void readSmall(void* dst, const void* src, size_t bytes) override;
 
   // The host's cudaStream_t (NULL: the legacy default stream).
-  void setHostStream(void* stream);
+  void setHostStream(void* stream) override;
   // Use the host's ncclComm_t from now on (before the first collective);
   // checks its rank, size and device against the options.
-  void adopt(void* ncclComm);
+  void adopt(void* ncclComm) override;
   // SF_ERR_INVALID_ARGUMENT unless [p, p + bytes) is memory of this rank's GPU.
-  void checkDeviceMemory(const void* p, size_t bytes);
+  void checkDeviceMemory(const void* p, size_t bytes) override;
 
  private:
   class WeightedWork;
