@@ -41,7 +41,7 @@ build() {
   else
     cmake -S "$repo" -B "$dir" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
       -DSF_SANITIZE=fuzzer -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSF_BUILD_TESTS=OFF \
-      "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+      -DSF_LINE_TABLES=ON \
       -DSF_BUILD_SAMPLES=OFF "${launcher[@]}" > "$dir/configure.log" 2>&1 \
       || { cat "$dir/configure.log"; exit 1; }
   fi

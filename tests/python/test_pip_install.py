@@ -49,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LIBS = ("libsfsync.so.1", "libsfsync_shim.so", "libsfsync_nccl.so")
 failures = []
+LINE_TABLES = "OFF"
 
 
 def check(ok, what):
@@ -128,7 +129,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--keep", help="work in DIR and keep it (default: a temporary directory)")
+    p.add_argument("--line-tables", default="OFF", help="the normal tree's SF_LINE_TABLES")
     args = p.parse_args()
+    global LINE_TABLES
+    LINE_TABLES = "ON" if args.line_tables.upper() in ("ON", "1", "TRUE", "YES") else "OFF"
     work = args.keep or tempfile.mkdtemp(prefix="sfsync-pip-")
     os.makedirs(work, exist_ok=True)
     try:
@@ -145,14 +149,16 @@ def body(python, work):
         shutil.rmtree(d, ignore_errors=True)
     copy_checkout(src)
     # The CMake build inside pip is the real one; only its build type and
-    # place follow the checkout's normal build (build/, RelWithDebInfo,
-    # ccache keyed relative to the tree with no working directory, as
+    # place follow the checkout's normal build (build/, RelWithDebInfo, its
+    # SF_LINE_TABLES (--line-tables, from the tree ctest runs in), ccache
+    # keyed relative to the tree with no working directory, as
     # scripts/test.sh sets it), so that its objects come from ccache when
     # that build ran first instead of compiling everything a second time.
     # A user's pip install builds Release into build-pip/ (setup.py).
     if os.environ.get("SFSYNC_PIP_TEST_COLD") != "1":
         os.environ.update({"CCACHE_BASEDIR": src, "CCACHE_NOHASHDIR": "1",
                            "SFSYNC_BUILD_TYPE": "RelWithDebInfo",
+                           "SFSYNC_CMAKE_ARGS": "-DSF_LINE_TABLES=" + LINE_TABLES,
                            "SFSYNC_CMAKE_BUILD_DIR": os.path.join(src, "build")})
 
     # 2. pip install --target
