@@ -49,23 +49,26 @@ build_unit() {  # build_unit DIR [cmake args...]
 # - the portable wheel's Zig build (the wheel test's longest step) from these
 #   same sources, into build/wheel-prebuilt: python_wheel_torch2 waits for it
 #   and checks that wheel (tests/python/test_wheel.py --prebuilt);
-# - the two sanitizer trees, under SCHED_IDLE (chrt --idle): they take only
-#   CPU time nothing else wants, so no test's timing changes.
+# - under SCHED_IDLE (chrt --idle: only CPU time nothing else wants, so no
+#   test's timing changes): the libFuzzer tree (ctest's fuzz_build waits for
+#   it and finds it built; tests/fuzz/run.sh), then the two sanitizer trees.
 # Each logs into its tree; a failure is reported when its result is needed.
 mkdir -p build
 python3 tests/python/test_wheel.py --prebuild build/wheel-prebuilt > build/wheel-prebuilt.log 2>&1 &
 wheel_pid=$!
-( chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: the sanitizer builds run at normal priority"
+( chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: these builds run at normal priority"
+  tests/fuzz/run.sh --build-dir build/fuzz-clang --build || echo "(its failure is fuzz_build's to report)"
+  took "build build/fuzz-clang"
   build_unit build-asan -DSF_SANITIZE=address
-  build_unit build-tsan -DSF_SANITIZE=thread ) > build/sanitizer-builds.log 2>&1 &
-sanitizers_pid=$!
+  build_unit build-tsan -DSF_SANITIZE=thread ) > build/background-builds.log 2>&1 &
+background_pid=$!
 # An early exit (a failed build) takes them down with it.
 kill_tree() {
   local c
   for c in $(cat /proc/"$1"/task/*/children 2> /dev/null); do kill_tree "$c"; done
   kill "$1" 2> /dev/null || true
 }
-trap 'kill_tree "$wheel_pid"; kill_tree "$sanitizers_pid"' EXIT
+trap 'kill_tree "$wheel_pid"; kill_tree "$background_pid"' EXIT
 trap 'exit 143' INT TERM  # through the EXIT trap
 
 # The torch 2.x half of the Python suites runs under pip's newest torch in a
@@ -90,8 +93,8 @@ took "tests: everything"
 
 wait "$wheel_pid" || true  # its failure is the wheel test's (it then built its own)
 echo "== the sanitizer trees (built in the background; the rest of their build now)"
-wait "$sanitizers_pid" || { cat build/sanitizer-builds.log; exit 1; }
-grep -E '^   \(build |check_unit_targets' build/sanitizer-builds.log || true
+wait "$background_pid" || { cat build/background-builds.log; exit 1; }
+grep -E '^   \(build |check_unit_targets' build/background-builds.log || true
 took "sanitizer builds, what was left of them"
 
 echo "== tests: AddressSanitizer + UBSan"

@@ -32,6 +32,10 @@ targets="fuzz_options fuzz_shim fuzz_abi"
 
 build() {
   mkdir -p "$dir"
+  # One build of a tree at a time (scripts/test.sh starts one in the
+  # background; ctest's fuzz_build then waits for it and finds it built).
+  exec 8> "$dir.lock"
+  flock 8
   launcher=()
   if command -v ccache > /dev/null; then
     launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
@@ -48,6 +52,7 @@ build() {
   cmake --build "$dir" -j "$(nproc)" --target $targets > "$dir/build.log" 2>&1 \
     || { tail -60 "$dir/build.log"; exit 1; }
   echo "fuzz: built $targets in $dir"
+  flock -u 8
 }
 
 if [ "${1:-}" = "--build" ]; then build; exit 0; fi
