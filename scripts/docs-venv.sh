@@ -31,26 +31,13 @@ packages=(
   sphinxcontrib-htmlhelp==2.1.0 sphinxcontrib-jsmath==2.0.0 sphinxcontrib-qthelp==2.0.0
   sphinxcontrib-serializinghtml==2.0.0 urllib3==2.8.0
 )
-stamp="system-site-packages ${packages[*]}"
-mkdir -p "$(dirname "$venv")"
-exec 9> "$venv.lock"
-flock 9
+source "$(dirname "$0")/cached-venv.sh"
 
-# The versions on one line if the venv's python imports the generator.
-describe() {
-  [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import sphinx, myst_parser, breathe; print("sphinx", sphinx.__version__, "myst-parser", myst_parser.__version__, "breathe", breathe.__version__)' 2>/dev/null
+make_docs() {  # VENV OLD_VERSIONS
+  rm -rf "$1"
+  /usr/bin/python3 -m venv --system-site-packages "$1" >&2
+  "$1/bin/python" -m pip install -q --disable-pip-version-check --no-deps "${packages[@]}" >&2
 }
-
-if versions=$(describe) && [ "$(cat "$venv/.sfsync-stamp" 2>/dev/null)" = "$stamp" ]; then
-  echo "docs-venv: reusing $venv ($versions)" >&2
-  echo "$venv/bin/python"
-  exit 0
-fi
-start=$(date +%s)
-rm -rf "$venv"
-/usr/bin/python3 -m venv --system-site-packages "$venv" >&2
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "${packages[@]}" >&2
-versions=$(describe) || { echo "docs-venv: $venv/bin/python cannot import sphinx, myst_parser, breathe" >&2; exit 1; }
-echo "$stamp" > "$venv/.sfsync-stamp"
-echo "docs-venv: $venv ready in $(( $(date +%s) - start )) s: $versions" >&2
-echo "$venv/bin/python"
+cached_venv docs-venv "$venv" "system-site-packages ${packages[*]}" \
+  'import sphinx, myst_parser, breathe; print("sphinx", sphinx.__version__, "myst-parser", myst_parser.__version__, "breathe", breathe.__version__)' \
+  make_docs

@@ -21,31 +21,19 @@ venv=${SF_TORCH2_VENV:-$HOME/.cache/sfsync/venv-torch2}
 # ">=" so that a fresh machine gets the newest 2.x and the suites keep meeting it.
 packages=("torch>=2.1,<3" numpy "accelerate>=1.0" "lightning>=2.4" "transformers>=4.46"
           "setuptools>=61" wheel build)
-stamp="${packages[*]}"
-mkdir -p "$(dirname "$venv")"
-exec 9> "$venv.lock"
-flock 9
+source "$(dirname "$0")/cached-venv.sh"
 
-# The versions on one line if the venv's python imports the frameworks.
-describe() {
-  [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import torch, accelerate, lightning, transformers as t; print("torch", torch.__version__, "accelerate", accelerate.__version__, "lightning", lightning.__version__, "transformers", t.__version__)' 2>/dev/null
+# A changed list is installed into a venv that still imports the frameworks.
+make_torch2() {  # VENV OLD_VERSIONS
+  if [ -n "$2" ]; then
+    echo "torch2-venv: $1: package list changed, installing into it" >&2
+  else
+    rm -rf "$1"
+    /usr/bin/python3 -m venv "$1" >&2
+    "$1/bin/python" -m pip install -q --upgrade pip >&2
+  fi
+  "$1/bin/python" -m pip install -q "${packages[@]}" >&2
 }
-
-if versions=$(describe) && [ "$(cat "$venv/.sfsync-stamp" 2>/dev/null)" = "$stamp" ]; then
-  echo "torch2-venv: reusing $venv ($versions)" >&2
-  echo "$venv/bin/python"
-  exit 0
-fi
-start=$(date +%s)
-if [ -n "${versions:-}" ]; then
-  echo "torch2-venv: $venv: package list changed, installing into it" >&2
-else
-  rm -rf "$venv"
-  /usr/bin/python3 -m venv "$venv" >&2
-  "$venv/bin/python" -m pip install -q --upgrade pip >&2
-fi
-"$venv/bin/python" -m pip install -q "${packages[@]}" >&2
-versions=$(describe) || { echo "torch2-venv: $venv/bin/python cannot import torch, accelerate, lightning, transformers" >&2; exit 1; }
-echo "$stamp" > "$venv/.sfsync-stamp"
-echo "torch2-venv: $venv ready in $(( $(date +%s) - start )) s: $versions" >&2
-echo "$venv/bin/python"
+cached_venv torch2-venv "$venv" "${packages[*]}" \
+  'import torch, accelerate, lightning, transformers as t; print("torch", torch.__version__, "accelerate", accelerate.__version__, "lightning", lightning.__version__, "transformers", t.__version__)' \
+  make_torch2
