@@ -16,6 +16,7 @@ const char* bucketStateName(BucketState state) {
     case BucketState::kReducing: return "reducing";
     case BucketState::kReduced: return "reduced";
     case BucketState::kGathering: return "gathering";
+    case BucketState::kGatheringGradients: return "gathering_gradients";
   }
   return "not a bucket state";
 }

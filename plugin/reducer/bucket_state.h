@@ -4,7 +4,9 @@
 // of gradients not yet reported, the Work handle of its reduction or
 // parameter gather, and for checking every change of state against one
 // table (an illegal one is SF_ERR_INTERNAL naming the bucket and both
-// states: a bug in the reducer, never undefined behaviour). Not responsible
+// states: a bug in the reducer, never undefined behaviour). Every Work of a
+// bucket (its reduction, its parameter gather, its gradient gather) is held
+// here and nowhere else. Not responsible
 // for starting or waiting collectives, the memory they work on, or the
 // host-facing checks (the reducer refuses a misuse with SF_ERR_INVALID_STATE
 // before it asks for a transition).
@@ -18,6 +20,9 @@
 //   reduced   -> gathering  its parameter gather started (sharded)
 //   reduced   -> idle       the next window began
 //   gathering -> reducing   the next window's reduction started (after the gather)
+//   reduced   -> gathering_gradients  sf_gather_gradients started its all-gather
+//   gathering_gradients -> reduced    waited for: the reduced gradients whole
+//   gathering_gradients -> idle       abandoned: drained after a failure
 //
 //  - idle: nothing of the current window in the bucket, nothing in flight;
 //  - filling: some of its gradients reported ready, not started (complete()
@@ -28,7 +33,11 @@
 //    flight until waited). It outlives that window: the gather overlaps the
 //    next window's forward, until the host waits for it or the bucket's next
 //    reduction starts (which waits for it first). So reducedIn(pass) tells
-//    whether a gathering bucket's reduction is the current pass's.
+//    whether a gathering bucket's reduction is the current pass's;
+//  - gathering_gradients: sf_gather_gradients' all-gather of the reduced
+//    segments in flight (sharded; the call waits for it before it returns,
+//    so only a failure leaves a bucket here). The reduction stays the
+//    current pass's.
 // Reports (gradientReported) move only idle to filling; in any other state
 // they are counted and change nothing (a report after sf_synchronize_start
 // started the bucket, or while the previous window's gather runs).
@@ -40,17 +49,20 @@
 
 namespace sfsync {
 
-enum class BucketState : uint8_t { kIdle, kFilling, kReducing, kReduced, kGathering };
-constexpr int kBucketStates = 5;
+enum class BucketState : uint8_t {
+  kIdle, kFilling, kReducing, kReduced, kGathering, kGatheringGradients
+};
+constexpr int kBucketStates = 6;
 
 // kBucketTransitions[from][to]: the whole cycle above, and nothing else.
 inline constexpr bool kBucketTransitions[kBucketStates][kBucketStates] = {
-    //             idle   filling reducing reduced gathering
-    /* idle */     {false, true,   true,    false,  false},
-    /* filling */  {false, false,  true,    false,  false},
-    /* reducing */ {true,  false,  false,   true,   false},
-    /* reduced */  {true,  false,  false,   false,  true},
-    /* gathering */{false, false,  true,    false,  false},
+    //                       idle   filling reducing reduced gathering gathering_gradients
+    /* idle */               {false, true,   true,    false,  false,    false},
+    /* filling */            {false, false,  true,    false,  false,    false},
+    /* reducing */           {true,  false,  false,   true,   false,    false},
+    /* reduced */            {true,  false,  false,   false,  true,     true},
+    /* gathering */          {false, false,  true,    false,  false,    false},
+    /* gathering_gradients */{true,  false,  false,   true,   false,    false},
 };
 
 const char* bucketStateName(BucketState state);
@@ -73,7 +85,8 @@ class BucketCycle {
   // Whether the bucket's reduction of pass `pass` is in place (reduced, or
   // gathering since then).
   bool reducedIn(int64_t pass) const {
-    return (state_ == BucketState::kReduced || state_ == BucketState::kGathering) &&
+    return (state_ == BucketState::kReduced || state_ == BucketState::kGathering ||
+            state_ == BucketState::kGatheringGradients) &&
            reducedPass_ == pass;
   }
   bool gathering() const { return state_ == BucketState::kGathering; }
@@ -102,8 +115,10 @@ class BucketCycle {
     moveTo(BucketState::kReducing);
     work_ = std::move(work);
   }
-  // reducing -> reduced; the handle released.
+  // reducing -> reduced; the handle released. (Only from reducing: the
+  // table's other way into reduced is a gradient gather's end.)
   void reductionDone(int64_t pass) {
+    if (state_ != BucketState::kReducing) illegal(BucketState::kReduced);
     moveTo(BucketState::kReduced);
     work_.reset();
     reducedPass_ = pass;
@@ -119,15 +134,40 @@ class BucketCycle {
     if (state_ != BucketState::kGathering) internal("a gather finished that was never started");
     work_.reset();
   }
+  // reduced -> gathering_gradients (sf_gather_gradients).
+  void startGradientGather(std::unique_ptr<Work> work) {
+    if (!work) internal("a gradient gather started without a collective");
+    moveTo(BucketState::kGatheringGradients);
+    work_ = std::move(work);
+  }
+  // The gradient gather in flight; SF_ERR_INTERNAL when there is none.
+  Work& gradientGather() const {
+    if (state_ != BucketState::kGatheringGradients || !work_) {
+      internal("waiting for a gradient gather that is not in flight");
+    }
+    return *work_;
+  }
+  // gathering_gradients -> reduced (waited); the handle released.
+  void gradientGatherDone() {
+    if (state_ != BucketState::kGatheringGradients) {
+      internal("a gradient gather finished that was never started");
+    }
+    moveTo(BucketState::kReduced);
+    work_.reset();
+  }
   // Drained (after a failure, at teardown): the handle released; a
-  // reduction is abandoned (reducing -> idle), a gather is over.
+  // reduction or a gradient gather is abandoned (-> idle), a parameter
+  // gather is over.
   void abandon() {
     work_.reset();
-    if (state_ == BucketState::kReducing) moveTo(BucketState::kIdle);
+    if (state_ == BucketState::kReducing || state_ == BucketState::kGatheringGradients) {
+      moveTo(BucketState::kIdle);
+    }
   }
 
-  // The collective in flight: the reduction (reducing) or the parameter
-  // gather (gathering, not waited yet); nullptr when none.
+  // The collective in flight: the reduction (reducing), the parameter
+  // gather (gathering, not waited yet) or the gradient gather
+  // (gathering_gradients); nullptr when none.
   Work* inFlight() const { return work_.get(); }
   // The reduction in flight; SF_ERR_INTERNAL when the bucket is not reducing.
   Work& reduction() const {

@@ -322,8 +322,6 @@ bool Reducer::drainLocked() noexcept {
   for (size_t i = 0; i < cycles_.size(); ++i) {
     waitQuietly(cycles_[i].inFlight());
     cycles_[i].abandon();
-    waitQuietly(gradientGathers_[i].get());
-    gradientGathers_[i].reset();
   }
   nextToStart_ = 0;
   return ok;

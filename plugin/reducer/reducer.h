@@ -195,8 +195,7 @@ class Reducer {
   // Built once (built_), under mutex_.
   std::vector<PlannedBucket> plan_;
   BucketMemory memory_;              // bucket i's buffers: memory_[i]
-  std::vector<BucketCycle> cycles_;  // bucket i's state: cycles_[i]
-  std::vector<std::unique_ptr<Work>> gradientGathers_;  // inside gatherGradients only
+  std::vector<BucketCycle> cycles_;  // bucket i's state and its Work in flight: cycles_[i]
   WindowCheck check_;
   WindowTotals totals_;    // weighted windows: the weight and the window sums
   bool weightless_ = false;  // the last completed weighted window's weight was 0

@@ -122,8 +122,6 @@ void Reducer::buildLocked() {
   for (size_t i = 0; i < plan_.size(); ++i) {
     cycles_.emplace_back(int64_t(i), int64_t(plan_[i].grads.size()));
   }
-  gradientGathers_.clear();
-  gradientGathers_.resize(plan_.size());
   built_.store(true, std::memory_order_release);
   logPlan();
 }

@@ -204,8 +204,8 @@ void Reducer::gatherGradients() {
       spec.trace = trace_;
       spec.segmentUsed = b.layout.used;
       Backend& backend = backendFor_(b.plan->device);
-      gradientGathers_[i] =
-          backend.startAllgather(b.storage, b.layout.segmentElems, b.plan->dtype, spec);
+      cycles_[i].startGradientGather(
+          backend.startAllgather(b.storage, b.layout.segmentElems, b.plan->dtype, spec));
     } catch (const Error& e) {
       failWith(e.status(), e.what());  // drains the gathers already started
     }
@@ -219,8 +219,8 @@ void Reducer::gatherGradients() {
   for (size_t i = 0; i < cycles_.size(); ++i) {
     const BucketBuffers& b = memory_[i];
     try {
-      gradientGathers_[i]->wait();
-      gradientGathers_[i].reset();
+      cycles_[i].gradientGather().wait();
+      cycles_[i].gradientGatherDone();
       if (b.staged) {
         for (int64_t id : b.plan->grads) {
           Gradient& g = grads_[size_t(id)];
@@ -228,7 +228,7 @@ void Reducer::gatherGradients() {
         }
       }
     } catch (const Error& e) {
-      gradientGathers_[i].reset();
+      cycles_[i].abandon();  // its Work failed: released, not waited again
       failWith(e.status(), e.what());
     }
   }

@@ -27,7 +27,8 @@ struct CountingWork : Work {
 
 std::unique_ptr<Work> work(int* waits) { return std::make_unique<CountingWork>(waits); }
 
-const S kAll[] = {S::kIdle, S::kFilling, S::kReducing, S::kReduced, S::kGathering};
+const S kAll[] = {S::kIdle, S::kFilling, S::kReducing, S::kReduced, S::kGathering,
+                  S::kGatheringGradients};
 
 // A cycle of bucket 7 with 2 gradients brought into `target` through legal
 // transitions only (reduced in pass 3).
@@ -42,6 +43,10 @@ BucketCycle cycleIn(S target, int* waits) {
   if (target == S::kReducing) return c;
   c.reductionDone(3);
   if (target == S::kReduced) return c;
+  if (target == S::kGatheringGradients) {
+    c.startGradientGather(work(waits));
+    return c;
+  }
   c.startGather(work(waits));
   return c;
 }
@@ -64,12 +69,14 @@ void expectInternal(const std::function<void()>& f, const std::string& mentions)
 
 BOOST_AUTO_TEST_SUITE(bucket_state_tests)
 
-// The whole table: exactly these eight transitions are allowed.
+// The whole table: exactly these eleven transitions are allowed.
 BOOST_AUTO_TEST_CASE(the_table_allows_exactly_the_cycle) {
   const std::vector<std::pair<S, S>> allowed = {
       {S::kIdle, S::kFilling},      {S::kIdle, S::kReducing},    {S::kFilling, S::kReducing},
       {S::kReducing, S::kReduced},  {S::kReducing, S::kIdle},    {S::kReduced, S::kGathering},
-      {S::kReduced, S::kIdle},      {S::kGathering, S::kReducing}};
+      {S::kReduced, S::kIdle},      {S::kGathering, S::kReducing},
+      {S::kReduced, S::kGatheringGradients}, {S::kGatheringGradients, S::kReduced},
+      {S::kGatheringGradients, S::kIdle}};
   int count = 0;
   for (S from : kAll) {
     for (S to : kAll) {
@@ -80,10 +87,11 @@ BOOST_AUTO_TEST_CASE(the_table_allows_exactly_the_cycle) {
       count += bucketTransitionAllowed(from, to) ? 1 : 0;
     }
   }
-  BOOST_TEST(count == 8);
+  BOOST_TEST(count == 11);
   // Not a state: refused, no read past the table.
   BOOST_TEST(!bucketTransitionAllowed(S(9), S::kIdle));
   BOOST_TEST(std::string(bucketStateName(S::kGathering)) == "gathering");
+  BOOST_TEST(std::string(bucketStateName(S::kGatheringGradients)) == "gathering_gradients");
   BOOST_TEST(std::string(bucketStateName(S(9))) == "not a bucket state");
 }
 
@@ -193,6 +201,17 @@ BOOST_AUTO_TEST_CASE(illegal_transitions_are_internal_errors_and_change_nothing)
       expectInternal([&] { c.gatherDone(); }, "never started");
       BOOST_TEST(int(c.state()) == int(s), name);
     }
+    if (s != S::kReduced) {
+      BucketCycle c = cycleIn(s, &waits);
+      expectInternal([&] { c.startGradientGather(work(&waits)); }, name);
+      BOOST_TEST(int(c.state()) == int(s), name);
+    }
+    if (s != S::kGatheringGradients) {
+      BucketCycle c = cycleIn(s, &waits);
+      expectInternal([&] { c.gradientGatherDone(); }, "never started");
+      BOOST_TEST(int(c.state()) == int(s), name);
+      expectInternal([&] { c.gradientGather(); }, "not in flight");
+    }
   }
   BOOST_TEST(waits == 0);  // the cycle never waits itself
 }
@@ -206,7 +225,7 @@ BOOST_AUTO_TEST_CASE(a_report_with_none_pending_is_an_internal_error) {
 
 BOOST_AUTO_TEST_CASE(reports_after_the_start_are_counted_and_change_nothing) {
   int waits = 0;
-  for (S s : {S::kReducing, S::kReduced, S::kGathering}) {
+  for (S s : {S::kReducing, S::kReduced, S::kGathering, S::kGatheringGradients}) {
     BucketCycle c = cycleIn(s, &waits);
     c.gradientReported();
     BOOST_TEST(int(c.state()) == int(s));
@@ -224,11 +243,39 @@ BOOST_AUTO_TEST_CASE(abandon_ends_a_reduction_and_keeps_a_gather_started) {
   g.abandon();
   BOOST_TEST(g.gathering());
   BOOST_TEST(g.inFlight() == nullptr);
+  BucketCycle gg = cycleIn(S::kGatheringGradients, &waits);
+  gg.abandon();  // a failed gradient gather: the gradients are no longer whole
+  BOOST_TEST(int(gg.state()) == int(S::kIdle));
+  BOOST_TEST(gg.inFlight() == nullptr);
   for (S s : {S::kIdle, S::kFilling, S::kReduced}) {
     BucketCycle c = cycleIn(s, &waits);
     c.abandon();
     BOOST_TEST(int(c.state()) == int(s));
   }
+}
+
+// sf_gather_gradients' all-gather is the cycle's own Work: the reduction
+// stays this pass's while it runs, the handle is the one inFlight() names,
+// and waiting brings the bucket back to reduced with nothing in flight.
+BOOST_AUTO_TEST_CASE(a_gradient_gather_is_held_by_the_cycle) {
+  int waits = 0;
+  BucketCycle c = cycleIn(S::kGatheringGradients, &waits);
+  BOOST_TEST(c.reducedIn(3));
+  BOOST_TEST(!c.gathering());  // not a parameter gather
+  BOOST_REQUIRE(c.inFlight() != nullptr);
+  BOOST_TEST(c.inFlight() == &c.gradientGather());
+  c.gradientGather().wait();
+  BOOST_TEST(waits == 1);
+  c.gradientGatherDone();
+  BOOST_TEST(int(c.state()) == int(S::kReduced));
+  BOOST_TEST(c.inFlight() == nullptr);
+  BOOST_TEST(c.reducedIn(3));
+  // Then the parameter gather may start, as after a reduction.
+  c.startGather(work(&waits));
+  BOOST_TEST(c.gathering());
+  // A new window while the gradient gather runs is a bug in the reducer.
+  BucketCycle g = cycleIn(S::kGatheringGradients, &waits);
+  expectInternal([&] { g.newWindow(); }, "gathering_gradients");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
