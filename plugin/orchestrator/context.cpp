@@ -92,14 +92,14 @@ void Context::adoptNcclComm(void* comm) {
 
 void Context::setBucketCapMb(double mb) {
   validateCap(mb, "bucket_cap_mb");
-  reducer_.setCaps(mb, opts_.first_bucket_cap_mb);
-  opts_.bucket_cap_mb = mb;
+  reducer_.beforeBuild("bucket caps can only change before",
+                       [&] { opts_.bucket_cap_mb = mb; });
 }
 
 void Context::setFirstBucketCapMb(double mb) {
   validateCap(mb, "first_bucket_cap_mb");
-  reducer_.setCaps(opts_.bucket_cap_mb, mb);
-  opts_.first_bucket_cap_mb = mb;
+  reducer_.beforeBuild("bucket caps can only change before",
+                       [&] { opts_.first_bucket_cap_mb = mb; });
 }
 
 int64_t Context::registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_device device,
@@ -119,15 +119,13 @@ int64_t Context::registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_
       Backend& backend = backendFor(device);
       if (data) backend.checkDeviceMemory(data, size_t(numel) * dtypeSize(dtype));
     }
-    const int64_t id = reducer_.addGradient(data, numel, dtype, device, name);
-    gradientCount_.store(id + 1, std::memory_order_relaxed);
-    return id;
+    return reducer_.addGradient(data, numel, dtype, device, name);
   }
   fail(SF_ERR_INVALID_ARGUMENT, s.str());
 }
 
 void Context::checkId(int64_t id) const {
-  const int64_t n = gradientCount_.load(std::memory_order_relaxed);
+  const int64_t n = reducer_.gradientCount();
   if (id < 0 || id >= n) {
     fail(SF_ERR_INVALID_ARGUMENT, "id = " + std::to_string(id) + " is not a registered gradient "
                                   "(ids are 0.." + std::to_string(n - 1) + ")");
@@ -157,7 +155,7 @@ void Context::beginAccumulation() {
   }
   // One reducer lock: the in-flight check and the new pass (the last
   // window's reductions are not this one's).
-  if (!reducer_.beginPass()) {
+  if (!reducer_.beginPass(clock_.nextPass())) {
     fail(SF_ERR_INVALID_STATE,
          "bucket collectives started by sf_grad_ready are still in flight; call sf_synchronize "
          "before starting a new window");
@@ -171,7 +169,7 @@ void Context::endAccumulation() {
     fail(SF_ERR_INVALID_STATE, "not inside an accumulation window (sf_end_accumulation without "
                                "sf_begin_accumulation)");
   }
-  const int64_t n = gradientCount_.load(std::memory_order_relaxed);
+  const int64_t n = reducer_.gradientCount();
   clock_.end(n);
   if (n == 0 && !followed_.load(std::memory_order_relaxed)) {
     // Nothing registered, nothing interposed, nobody asked: the window changed nothing.
@@ -216,25 +214,27 @@ void Context::restoreWindows(int64_t windowsCompleted) {
 
 void Context::gradReady(int64_t id) {
   checkId(id);
-  int64_t window = 0;
-  if (!clock_.gradReady(&window)) {
+  PassRef pass;
+  int64_t nth = 0;
+  if (!clock_.gradReady(&pass, &nth)) {
     // Inside a window nothing is communicated: counted, done.
-    if (trace_) tracePass(true);
+    if (trace_) tracePass(true, nth);
     return;
   }
-  reducer_.markReady(id, window);
-  if (trace_) tracePass(false);
+  reducer_.markReady(id, pass);
+  if (trace_) tracePass(false, nth);
 }
 
-void Context::tracePass(bool inWindow) {
-  // A pass is as many grad-ready calls as there are gradients.
+void Context::tracePass(bool inWindow, int64_t nth) {
+  // A pass (of the trace: one backward) is as many grad-ready calls as there
+  // are gradients: the clock counts them, the nth starts or ends one.
+  const int64_t gradients = reducer_.gradientCount();
   std::lock_guard<std::mutex> lock(traceMutex_);
   const double now = Tracer::nowUs();
-  if (readyInPass_++ == 0) passStartUs_ = now;
-  if (readyInPass_ < gradientCount_.load(std::memory_order_relaxed)) return;
+  if ((nth - 1) % gradients == 0) passStartUs_ = now;
+  if (nth % gradients != 0) return;
   trace_->span(0, "pass", passStartUs_, now,
                std::string("\"in_window\":") + (inWindow ? "true" : "false"));
-  readyInPass_ = 0;
 }
 
 void Context::synchronize() {
@@ -244,10 +244,12 @@ void Context::synchronize() {
          "gradients; call sf_end_accumulation first");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t window = clock_.claim();
+  const PassRef pass = clock_.claim();
+  const int64_t window = pass.window;
   const double t0Us = trace_ ? Tracer::nowUs() : 0;
+  bool weightless = false;
   try {
-    reducer_.synchronize(window);
+    weightless = reducer_.synchronize(pass);
   } catch (const Error& e) {
     if (trace_) {
       trace_->span(0, "synchronize", t0Us, Tracer::nowUs(),
@@ -266,8 +268,6 @@ void Context::synchronize() {
     trace_->span(0, "synchronize", t0Us, end, args);
     if (windowStartUs_ >= 0) trace_->span(0, "window", windowStartUs_, end, args);
     windowStartUs_ = -1;
-    std::lock_guard<std::mutex> lock(traceMutex_);
-    readyInPass_ = 0;  // a new window starts with a new pass
   }
   // This window's collectives: since the previous synchronization (hooks
   // may have started them before this call).
@@ -282,7 +282,7 @@ void Context::synchronize() {
                                       << " bytes, " << ns / 1000 << " us in sf_synchronize");
   }
   atLastSync_ = after;
-  if (reducer_.lastWindowWeightless()) {
+  if (weightless) {
     // Every rank decoded the same global weight: every rank says so, and
     // the context stays usable (the window is counted; nothing was divided).
     fail(SF_ERR_INVALID_STATE,
@@ -311,7 +311,7 @@ void checkWindowValue(const std::string& name, double v, bool weight) {
 
 void Context::addWindowWeight(double weight) {
   checkWindowValue("weight", weight, true);
-  reducer_.addWindowWeight(weight);
+  reducer_.addWindowWeight(weight, clock_.pass());
 }
 
 void Context::addWindowSums(const double* values, int32_t count) {
@@ -324,7 +324,7 @@ void Context::addWindowSums(const double* values, int32_t count) {
   for (int32_t k = 0; k < count; ++k) {
     checkWindowValue("values[" + std::to_string(k) + "]", values[k], false);
   }
-  reducer_.addWindowSums(values, count);
+  reducer_.addWindowSums(values, count, clock_.pass());
 }
 
 void Context::windowTotals(double* weight, double* sums, int32_t count) const {
@@ -399,8 +399,9 @@ void Context::setShardLayout(sf_shard_layout layout) {
     fail(SF_ERR_INVALID_ARGUMENT, "layout = " + std::to_string(layout) +
                                       " is not an sf_shard_layout (0 none, 1 flat, 2 parameter)");
   }
-  reducer_.setShardLayout(layout);
-  opts_.shard_layout = layout;
+  reducer_.beforeBuild("the shard layout can only change before (sf_build_buckets, "
+                       "sf_gradient_data, sf_shard_range, ...)",
+                       [&] { opts_.shard_layout = layout; });
 }
 
 void Context::registerParameter(int64_t id, void* data, int64_t numel, sf_dtype dtype,
@@ -442,14 +443,14 @@ void Context::synchronizeStart() {
   reducer_.synchronizeStart(clock_.claim());
 }
 
-void Context::waitBucket(int64_t bucket) { reducer_.waitBucket(bucket); }
+void Context::waitBucket(int64_t bucket) { reducer_.waitBucket(bucket, clock_.pass()); }
 
 void Context::startGather(int64_t bucket) {
   if (bucket < -1) {
     fail(SF_ERR_INVALID_ARGUMENT, "bucket = " + std::to_string(bucket) +
                                       " is not a bucket (0..count-1, or -1 for all)");
   }
-  reducer_.startGather(bucket);
+  reducer_.startGather(bucket, clock_.pass());
 }
 
 void Context::waitGather(int64_t bucket) {
@@ -461,7 +462,7 @@ void Context::waitGather(int64_t bucket) {
 }
 
 void Context::gatherParameters() {
-  reducer_.startGather(-1);
+  reducer_.startGather(-1, clock_.pass());
   reducer_.waitGather(-1);
 }
 
@@ -471,7 +472,7 @@ void Context::gatherGradients() {
          "sf_gather_gradients inside an accumulation window: the window's gradients are not "
          "reduced yet (call sf_end_accumulation, then sf_synchronize, then sf_gather_gradients)");
   }
-  reducer_.gatherGradients();
+  reducer_.gatherGradients(clock_.pass());
 }
 
 }  // namespace sfsync

@@ -42,7 +42,7 @@ class Context {
   int64_t registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_device device,
                            const char* name);
   void registerParameter(int64_t id, void* data, int64_t numel, sf_dtype dtype, sf_device device);
-  int64_t gradientsRegistered() const { return gradientCount_.load(std::memory_order_relaxed); }
+  int64_t gradientsRegistered() const { return reducer_.gradientCount(); }
   // CUDA gradients: the host's stream and, optionally, its communicator.
   void setCudaStream(void* stream);
   void adoptNcclComm(void* comm);
@@ -124,14 +124,15 @@ class Context {
   void checkId(int64_t id) const;
   // SF_ERR_INVALID_STATE inside a window or while buckets are in flight.
   void checkIdle(const char* what) const;
-  void tracePass(bool inWindow);  // trace_ set
+  // trace_ set: the nth grad-ready call of the window, or of those outside
+  // a window since the last synchronization (the clock's count).
+  void tracePass(bool inWindow, int64_t nth);
 
   sf_options opts_;
   std::unique_ptr<Tracer> trace_;  // SF_TRACE; first: outlives the backends' threads
   std::mutex traceMutex_;
   double windowStartUs_ = -1;  // trace: the window's begin, -1 outside
   double passStartUs_ = 0;     // trace: the current pass's first grad-ready
-  int64_t readyInPass_ = 0;    // trace: grad-ready calls of the current pass
   std::mutex backendsMutex_;
   BackendMaker makeBackend_;
   std::map<sf_device, std::unique_ptr<Backend>> backends_;
@@ -143,7 +144,6 @@ class Context {
   // What the misuse warnings need besides the clock.
   mutable std::atomic<bool> followed_{false};
   std::atomic<bool> saidAffectsNothing_{false};
-  std::atomic<int64_t> gradientCount_{0};  // readable without the reducer's lock
   std::atomic<int64_t> syncNs_{0};         // read by sf_get_stats from any thread
   ReducerCounters atLastSync_;  // for the INFO line of each window
 

@@ -97,7 +97,7 @@ void Context::broadcast(void* data, uint64_t bytes, int32_t root) {
 }
 
 uint64_t Context::digestGradients() {
-  if (gradientCount_.load(std::memory_order_relaxed) == 0) {
+  if (reducer_.gradientCount() == 0) {
     fail(SF_ERR_INVALID_STATE, "no gradient is registered");
   }
   reducer_.build();

@@ -20,9 +20,16 @@ int64_t WindowClock::current() const {
   return last + 1;  // an implicit window of one micro-batch
 }
 
-int64_t WindowClock::claim() {
+PassRef WindowClock::claim() {
   claimed_.store(true, std::memory_order_relaxed);
-  return current();
+  passOpen_.store(true, std::memory_order_relaxed);
+  return PassRef{syncs_.load(std::memory_order_relaxed) + 1, true, current()};
+}
+
+PassRef WindowClock::pass() const {
+  const int64_t syncs = syncs_.load(std::memory_order_relaxed);
+  if (passOpen_.load(std::memory_order_relaxed)) return PassRef{syncs + 1, true, current()};
+  return PassRef{syncs, false, lastNumber_.load(std::memory_order_relaxed)};
 }
 
 void WindowClock::synchronized(int64_t number) {
@@ -31,6 +38,8 @@ void WindowClock::synchronized(int64_t number) {
   begunSinceSync_.store(0, std::memory_order_relaxed);
   readyOutsideSinceSync_.store(0, std::memory_order_relaxed);
   windowsCompleted_.fetch_add(1, std::memory_order_relaxed);
+  syncs_.fetch_add(1, std::memory_order_relaxed);
+  passOpen_.store(false, std::memory_order_relaxed);
 }
 
 bool WindowClock::started() const {

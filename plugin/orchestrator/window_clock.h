@@ -28,6 +28,12 @@
 // ranks already exchanged cannot be renumbered. The count has this one
 // owner; the Context only asks.
 //
+// Passes (pass_ref.h): the clock also numbers the passes, the one count the
+// reducer's calls are handed. A pass opens at the first begin, grad-ready
+// outside a window or claimed synchronization since the last synchronized
+// one; synchronized() closes it. Open: number = synchronizations + 1;
+// closed: the last pass, number = synchronizations.
+//
 // Threads: grad-ready may come from any thread (autograd hooks), and every
 // counter is readable from any thread; the window calls themselves (begin,
 // end, synchronized, claim, restore) come from the host's one training
@@ -36,6 +42,8 @@
 
 #include <atomic>
 #include <cstdint>
+
+#include "plugin/reducer/pass_ref.h"
 
 namespace sfsync {
 
@@ -66,6 +74,7 @@ class WindowClock {
                             std::memory_order_relaxed);
     }
     readyInWindow_.store(0, std::memory_order_relaxed);
+    passOpen_.store(true, std::memory_order_relaxed);
     windowsBegun_.fetch_add(1, std::memory_order_release);
     inWindow_.store(true, std::memory_order_release);
   }
@@ -80,29 +89,44 @@ class WindowClock {
     windowsEnded_.fetch_add(1, std::memory_order_relaxed);
   }
   // A gradient reported ready: inside a window, counted and false
-  // (communicate nothing); outside, true with `*window` the number of the
-  // window its reduction belongs to. Inline: the hot path of every hook.
-  bool gradReady(int64_t* window) {
+  // (communicate nothing); outside, true with `*pass` the pass (opened if
+  // none is) whose reduction it belongs to. Either way `*nth` is its place
+  // among the grad-ready calls of the open window, or of those outside a
+  // window since the last synchronization (1, 2, ...: the trace's passes).
+  // Inline: the hot path of every hook.
+  bool gradReady(PassRef* pass, int64_t* nth) {
     if (!hostReportsReady_.load(std::memory_order_relaxed)) {
       hostReportsReady_.store(true, std::memory_order_relaxed);
     }
     if (inWindow_.load(std::memory_order_acquire)) {
-      readyInWindow_.fetch_add(1, std::memory_order_relaxed);
+      *nth = readyInWindow_.fetch_add(1, std::memory_order_relaxed) + 1;
       deferredReadyCalls_.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-    readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed);
-    *window = current();
+    *nth = readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (!passOpen_.load(std::memory_order_relaxed)) passOpen_.store(true, std::memory_order_relaxed);
+    *pass = PassRef{syncs_.load(std::memory_order_relaxed) + 1, true, current()};
     return true;
   }
   // The window a synchronization now would complete (the rules above).
   int64_t current() const;
-  // current(), for a synchronization that is about to send it (sf_synchronize,
-  // sf_synchronize_start): from now on the clock is started() even if that
+  // The pass of a synchronization that is about to send current()
+  // (sf_synchronize, sf_synchronize_start; its window): opens the pass if
+  // none is. From now on the clock is started() even if that
   // synchronization fails.
-  int64_t claim();
-  // The synchronization of window `number` (what current() returned) succeeded.
+  PassRef claim();
+  // The synchronization of window `number` (what claim() returned) succeeded:
+  // it closes the pass.
   void synchronized(int64_t number);
+
+  // ---- Passes (pass_ref.h) ------------------------------------------------
+  // The pass under way, or the last one (see "Passes" above).
+  PassRef pass() const;
+  // The number of the pass a begin now would open (the caller asks the
+  // reducer to open it, then calls begin()).
+  int64_t nextPass() const {
+    return syncs_.load(std::memory_order_relaxed) + 1;
+  }
 
   // ---- Restarts -----------------------------------------------------------
   // Whether a window call used the clock yet: a begin, a grad-ready (inside
@@ -132,6 +156,10 @@ class WindowClock {
   std::atomic<bool> hostReportsReady_{false};
   std::atomic<int64_t> readyInWindow_{0};  // grad-ready calls of the open window
   std::atomic<bool> claimed_{false};       // a synchronization claimed or completed a number
+  // Passes: successful synchronizations (not restored: this process's), and
+  // whether a pass opened since the last.
+  std::atomic<int64_t> syncs_{0};
+  std::atomic<bool> passOpen_{false};
 
   std::atomic<int64_t> windowsBegun_{0};
   std::atomic<int64_t> windowsEnded_{0};

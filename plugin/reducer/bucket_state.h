@@ -38,6 +38,9 @@
 //    segments in flight (sharded; the call waits for it before it returns,
 //    so only a failure leaves a bucket here). The reduction stays the
 //    current pass's.
+// Passes (pass_ref.h): the cycle records the pass it is in (enterPass), the
+// pass whose reduction is in place (reducedIn) and the pass whose gradients
+// sf_gather_gradients made whole; the reducer keeps no pass of its own.
 // Reports (gradientReported) move only idle to filling; in any other state
 // they are counted and change nothing (a report after sf_synchronize_start
 // started the bucket, or while the previous window's gather runs).
@@ -90,6 +93,11 @@ class BucketCycle {
            reducedPass_ == pass;
   }
   bool gathering() const { return state_ == BucketState::kGathering; }
+  // The pass the bucket's state belongs to (enterPass; 0 before the first).
+  int64_t pass() const { return pass_; }
+  // Whether sf_gather_gradients made the bucket's reduced gradients of pass
+  // `pass` whole on this rank (its reduction of `pass` still in place).
+  bool gradientsWholeIn(int64_t pass) const { return reducedIn(pass) && wholePass_ == pass; }
 
   // ---- Transitions (each checked by moveTo) ---------------------------------
   // pending - 1; idle -> filling.
@@ -108,6 +116,14 @@ class BucketCycle {
       internal("a new window began while the bucket was in this state");
     }
   }
+  // Pass `pass` opened: newWindow(), and the cycle is in it.
+  void enterPass(int64_t pass) {
+    newWindow();
+    pass_ = pass;
+  }
+  // The reduction of `pass` is whole on this rank (gathered, or nothing to
+  // gather); the caller checked reducedIn(pass).
+  void gradientsMadeWhole(int64_t pass) { wholePass_ = pass; }
   // idle|filling|gathering (its gather waited) -> reducing.
   void startReduction(std::unique_ptr<Work> work) {
     if (!work) internal("a reduction started without a collective");
@@ -190,7 +206,9 @@ class BucketCycle {
   int64_t gradients_;
   int64_t pending_;
   BucketState state_ = BucketState::kIdle;
+  int64_t pass_ = 0;         // the pass entered last
   int64_t reducedPass_ = 0;  // the pass whose reduction is in place (reduced, gathering)
+  int64_t wholePass_ = 0;    // the pass whose gradients were made whole
   std::unique_ptr<Work> work_;
 };
 

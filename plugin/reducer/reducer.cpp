@@ -17,9 +17,6 @@ namespace sfsync {
 Reducer::Reducer(const sf_options& opts, BackendFor backendFor)
     : opts_(opts),
       backendFor_(std::move(backendFor)),
-      capMb_(opts.bucket_cap_mb),
-      firstCapMb_(opts.first_bucket_cap_mb),
-      shard_(opts.shard_layout),
       memory_([this](sf_device d) -> MemoryOps& { return memoryFor(d); }) {}
 
 Reducer::~Reducer() {
@@ -34,21 +31,25 @@ MemoryOps& Reducer::memoryFor(sf_device device) {
 
 // ---- Reductions: the pass, the order, the waits -----------------------------
 
-void Reducer::openPassLocked() {
-  if (passOpen_) return;
-  weightless_ = false;
+void Reducer::enterPassLocked(int64_t pass) {
+  // Every cycle enters a pass with the others: the first one says where all are.
+  if (cycles_.empty() || cycles_.front().pass() == pass) return;
   // A new pass: the previous window's reductions are no longer this
   // window's (a wait or gather now refers to the new one).
-  for (auto& c : cycles_) c.newWindow();
-  passOpen_ = true;
-  ++pass_;
-  reducedInPass_ = 0;
+  for (auto& c : cycles_) c.enterPass(pass);
 }
 
-bool Reducer::beginPass() {
+bool Reducer::reducedIn(int64_t pass) const {
+  for (const auto& c : cycles_) {
+    if (!c.reducedIn(pass)) return false;
+  }
+  return !cycles_.empty();
+}
+
+bool Reducer::beginPass(int64_t pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (nextToStart_ > 0) return false;  // inFlight()
-  openPassLocked();
+  enterPassLocked(pass);
   return true;
 }
 
@@ -57,7 +58,7 @@ bool Reducer::inFlight() const {
   return nextToStart_ > 0;
 }
 
-void Reducer::markReady(int64_t id, int64_t window) {
+void Reducer::markReady(int64_t id, const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   throwIfFailed();
   buildLocked();
@@ -66,46 +67,45 @@ void Reducer::markReady(int64_t id, int64_t window) {
     fail(SF_ERR_INVALID_STATE, "gradient " + std::to_string(id) + " ('" + g.name +
                                    "') was already reported ready since the last sf_synchronize");
   }
-  openPassLocked();
+  enterPassLocked(pass.number);
   g.ready = true;
   cycles_[size_t(g.bucket)].gradientReported();
-  window_ = window;
-  startReadyBuckets(true);
+  startReadyBuckets(true, pass);
 }
 
-void Reducer::startReadyBuckets(bool early) {
+void Reducer::startReadyBuckets(bool early, const PassRef& pass) {
   while (nextToStart_ < cycles_.size() && cycles_[nextToStart_].complete()) {
-    start(nextToStart_, early);
+    start(nextToStart_, early, pass);
     ++nextToStart_;
   }
 }
 
-void Reducer::synchronizeStart(int64_t window) {
+void Reducer::synchronizeStart(const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
-  startAllLocked(window);
+  startAllLocked(pass);
 }
 
-void Reducer::startAllLocked(int64_t window) {
+void Reducer::startAllLocked(const PassRef& pass) {
   throwIfFailed();
   buildLocked();
-  openPassLocked();
-  window_ = window;
+  enterPassLocked(pass.number);
   while (nextToStart_ < cycles_.size()) {
-    start(nextToStart_, false);
+    start(nextToStart_, false, pass);
     ++nextToStart_;
   }
 }
 
-void Reducer::start(size_t i, bool early) {
+void Reducer::start(size_t i, bool early, const PassRef& pass) {
   const BucketBuffers& b = memory_[i];
   Backend& backend = backendFor_(b.plan->device);
   if (!verified_) {
     try {
       backend.connect();
       checkLayoutAcrossRanks(backend, grads_,
-                             {int64_t(plan_.size()), capBytes(capMb_), capBytes(firstCapMb_),
-                              opts_.reduce_op, int64_t(shard_)},
-                             window_);
+                             {int64_t(plan_.size()), capBytes(opts_.bucket_cap_mb),
+                              capBytes(opts_.first_bucket_cap_mb), opts_.reduce_op,
+                              int64_t(opts_.shard_layout)},
+                             pass.window);
     } catch (const Error& e) {
       failWith(e.status(), e.what());
     }
@@ -144,7 +144,7 @@ void Reducer::start(size_t i, bool early) {
   }
   if (check_.carries(i)) {
     try {
-      check_.encode(b, memoryFor(b.plan->device), window_);
+      check_.encode(b, memoryFor(b.plan->device), pass.window);
     } catch (const Error& e) {
       failWith(e.status(), e.what());
     }
@@ -167,7 +167,7 @@ void Reducer::start(size_t i, bool early) {
   if (sharded()) ++counters_.reduceScatters;
   counters_.bytesReduced += b.plan->bytes;
   if (early) ++counters_.earlyLaunches;
-  SF_LOG(kTrace, "reducer", "window " << window_ << ": bucket " << i << " started ("
+  SF_LOG(kTrace, "reducer", "window " << pass.window << ": bucket " << i << " started ("
                                       << b.plan->bytes << " bytes, "
                                       << (early ? "by sf_grad_ready" : "by sf_synchronize")
                                       << (check_.carries(i) ? ", carries the window check" : "")
@@ -181,7 +181,7 @@ ReduceSpec Reducer::reduceSpec() const {
   return spec;
 }
 
-void Reducer::waitBucketLocked(size_t i) {
+void Reducer::waitBucketLocked(size_t i, const PassRef& pass) {
   BucketCycle& c = cycles_[i];
   const BucketBuffers& b = memory_[i];
   try {
@@ -202,44 +202,40 @@ void Reducer::waitBucketLocked(size_t i) {
       failWith(e.status(), e.what());
     }
   }
-  c.reductionDone(pass_);
-  if (++reducedInPass_ == int64_t(cycles_.size())) {
-    completePass_ = pass_;
-    if (totals_.weighted()) {
-      // The window's totals from bucket 0's own segment; the next window's
-      // weight and sums start at 0.
-      try {
-        const BucketBuffers& first = memory_[0];
-        weightless_ = totals_.collect(first, ownSegment(first), memoryFor(first.plan->device))
-                          .weight == 0.0;
-      } catch (const Error& e) {
-        failWith(e.status(), e.what());
-      }
+  c.reductionDone(pass.number);
+  if (totals_.weighted() && reducedIn(pass.number)) {
+    // The pass is complete: the window's totals from bucket 0's own
+    // segment; the next window's weight and sums start at 0.
+    try {
+      const BucketBuffers& first = memory_[0];
+      totals_.collect(first, ownSegment(first), memoryFor(first.plan->device));
+    } catch (const Error& e) {
+      failWith(e.status(), e.what());
     }
   }
   if (trace_) trace_->instant(0, "finish", "\"bucket\":" + std::to_string(i));
 }
 
-void Reducer::waitBucket(int64_t bucket) {
+void Reducer::waitBucket(int64_t bucket, const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   throwIfFailed();
   buildLocked();
   checkBucketIndex(bucket, "sf_wait_bucket");
   const BucketCycle& c = cycles_[size_t(bucket)];
-  if (c.reducedIn(pass_)) return;  // waiting twice is free
+  if (c.reducedIn(pass.number)) return;  // waiting twice is free
   if (c.state() != BucketState::kReducing) {
     fail(SF_ERR_INVALID_STATE, "sf_wait_bucket: bucket " + std::to_string(bucket) +
                                    " was not started in this window (start it with "
                                    "sf_synchronize_start, or let sf_grad_ready complete it)");
   }
-  waitBucketLocked(size_t(bucket));
+  waitBucketLocked(size_t(bucket), pass);
 }
 
-void Reducer::synchronize(int64_t window) {
+bool Reducer::synchronize(const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
-  startAllLocked(window);
+  startAllLocked(pass);
   for (size_t i = 0; i < cycles_.size(); ++i) {
-    if (!cycles_[i].reducedIn(pass_)) waitBucketLocked(i);
+    if (!cycles_[i].reducedIn(pass.number)) waitBucketLocked(i, pass);
   }
   if (check_.carrier() >= 0) {
     const BucketBuffers& b = memory_[size_t(check_.carrier())];
@@ -252,25 +248,25 @@ void Reducer::synchronize(int64_t window) {
   }
   for (auto& g : grads_) g.ready = false;
   for (auto& c : cycles_) c.reportsCleared();
-  nextToStart_ = 0;
-  passOpen_ = false;  // the results stay this window's until the next pass opens
+  nextToStart_ = 0;  // the results stay this pass's until the next one opens
+  return totals_.weighted() && totals_.hasTotals() && totals_.totals().weight == 0.0;
 }
 
 // ---- Weighted windows ---------------------------------------------------------
 
-void Reducer::addWindowWeight(double weight) {
+void Reducer::addWindowWeight(double weight, const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
-  requireWindowOpenLocked();
+  requireWindowOpenLocked(pass);
   totals_.addWeight(weight);
 }
 
-void Reducer::addWindowSums(const double* values, int count) {
+void Reducer::addWindowSums(const double* values, int count, const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
-  requireWindowOpenLocked();
+  requireWindowOpenLocked(pass);
   totals_.addSums(values, count);
 }
 
-void Reducer::requireWindowOpenLocked() const {
+void Reducer::requireWindowOpenLocked(const PassRef& pass) const {
   if (opts_.reduce_op != SF_REDUCE_WEIGHTED) {
     fail(SF_ERR_INVALID_STATE, std::string("this context's reduce_op is ") +
                                    std::to_string(opts_.reduce_op) +
@@ -279,7 +275,7 @@ void Reducer::requireWindowOpenLocked() const {
   }
   if (nextToStart_ > 0) {
     fail(SF_ERR_INVALID_STATE,
-         "bucket 0 of window " + std::to_string(window_) +
+         "bucket 0 of window " + std::to_string(pass.window) +
              " has started reducing, carrying the window's weight and sums as they were; "
              "this value was not added (add each micro-batch's weight before its backward, "
              "and before sf_synchronize)");
@@ -291,11 +287,6 @@ bool Reducer::windowTotals(WindowTotals::Totals& out) const {
   if (!totals_.hasTotals()) return false;
   out = totals_.totals();
   return true;
-}
-
-bool Reducer::lastWindowWeightless() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return weightless_;
 }
 
 // ---- Failure and teardown ---------------------------------------------------

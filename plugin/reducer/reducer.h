@@ -3,9 +3,11 @@
 // buckets through their cycle (bucket_state.h). It starts bucket collectives
 // in bucket order (early when grad-ready completes a bucket, the rest at
 // synchronize), waits for them, gathers, and has every rank's layout checked
-// once before the first collective (layout_check.h). It knows nothing of
-// windows but their number, which the Context passes in and the window check
-// (window_check.h) compares across ranks inside one bucket's collective.
+// once before the first collective (layout_check.h). It keeps no count of
+// passes or windows: every call of a window is handed its pass (pass_ref.h:
+// the number, whether it is open, and the window number that the window
+// check, window_check.h, compares across ranks inside one bucket's
+// collective), and each BucketCycle records the pass its state belongs to.
 // The Context decides when it may communicate. Its rooms: bucket memory
 // (bucket_memory.h: layout, allocation, staging, views), the window check,
 // and the reducer itself (reducer.cpp: registration, the build, ordering,
@@ -16,6 +18,12 @@
 // each rank owning one segment, parameters all-gathered after the host's
 // step). Both share one picture of a bucket (shard_plan.h: the unsharded
 // layout is one segment); start() is the one place that picks the collective.
+// Setup, then plan: until the build the reducer reads the Context's options
+// (the one copy: caps, shard layout, reduce op), which change only through
+// beforeBuild(); the build turns them and the registrations into the plan
+// (bucket plan, memory with its shard layouts, window check, totals, cycles)
+// and the options are frozen from then on.
+//
 // Sharded contexts also own the parameters' buffers (a flat parameter buffer
 // laid out as the logical bucket layout, host-owned parameters copied in and
 // out of it around a gather).
@@ -35,6 +43,7 @@
 #include "plugin/reducer/bucket_memory.h"
 #include "plugin/reducer/bucket_plan.h"
 #include "plugin/reducer/bucket_state.h"
+#include "plugin/reducer/pass_ref.h"
 #include "plugin/reducer/shard_plan.h"
 #include "plugin/reducer/window_check.h"
 #include "plugin/reducer/window_totals.h"
@@ -61,6 +70,8 @@ class Reducer {
   // Returns the backend for a device (created on first use by the caller).
   using BackendFor = std::function<Backend&(sf_device)>;
 
+  // `opts`: the caller's options, read (never copied) for the reducer's
+  // lifetime; they may change only through beforeBuild().
   Reducer(const sf_options& opts, BackendFor backendFor);
   ~Reducer();
 
@@ -72,10 +83,10 @@ class Reducer {
   // The parameter of gradient `id` (hostData NULL: plugin-owned). The caller
   // has checked id; checks the layout, the state and the match.
   void addParameter(int64_t id, void* hostData, int64_t numel, sf_dtype dtype, sf_device device);
-  void setCaps(double capMb, double firstCapMb);
-  // Until built(); SF_ERR_INVALID_STATE after.
-  void setShardLayout(sf_shard_layout layout);
-  sf_shard_layout shardLayout() const { return shard_; }
+  // Runs `edit` (a change of the options the build reads: caps, shard
+  // layout) under the reducer's lock while the buckets are not built;
+  // SF_ERR_INVALID_STATE ("the buckets are already built; <what>") after.
+  void beforeBuild(const char* what, const std::function<void()>& edit);
   // Once true, plan() and the gradients' addresses never change.
   bool built() const { return built_.load(std::memory_order_acquire); }
   // Every implicitly building call (build, gradientData, zero, markReady,
@@ -86,7 +97,8 @@ class Reducer {
   void* gradientData(int64_t id);
   void* parameterData(int64_t id);
   void zero();
-  int64_t gradientCount() const;
+  // Gradients registered; lock-free (checkId on every grad-ready).
+  int64_t gradientCount() const { return registered_.load(std::memory_order_acquire); }
   int64_t gradientBytes() const;
   const std::vector<PlannedBucket>& plan() const { return plan_; }  // after built()
   ShardRange shardRange(int64_t id);
@@ -104,47 +116,48 @@ class Reducer {
   }
 
   // ---- Reductions: ordering and waits (reducer.cpp) ------------------------
-  // `window` is the caller's window number, checked across ranks inside
-  // the window-check bucket's collective.
-  // A new window begins (sf_begin_accumulation): false (and nothing
-  // changed) while collectives started by markReady are in flight, else the
-  // last window's reductions stop counting as this window's. One lock, as
-  // inFlight(). markReady and the synchronizations open a pass themselves.
-  bool beginPass();
+  // Each call is handed its pass (pass_ref.h); the window number of an open
+  // pass is checked across ranks inside the window-check bucket's collective.
+  // A new window begins (sf_begin_accumulation) in pass `pass`: false (and
+  // nothing changed) while collectives started by markReady are in flight,
+  // else the last pass's reductions stop counting as this one's. One lock,
+  // as inFlight(). markReady and the synchronizations enter their pass
+  // themselves.
+  bool beginPass(int64_t pass);
   // Outside a window: mark `id` ready, start complete buckets in order.
-  void markReady(int64_t id, int64_t window);
+  void markReady(int64_t id, const PassRef& pass);
   // Start every bucket not yet started (sf_synchronize_start).
-  void synchronizeStart(int64_t window);
-  // Wait for one bucket's reduction and put its results in place.
-  void waitBucket(int64_t bucket);
+  void synchronizeStart(const PassRef& pass);
+  // Wait for one bucket's reduction of `pass` and put its results in place.
+  void waitBucket(int64_t bucket, const PassRef& pass);
   // Start every bucket not yet started, wait for all, scatter results; then
   // SF_ERR_MISMATCH on every rank if the ranks' window numbers differ.
-  void synchronize(int64_t window);
+  // Weighted windows: true when the window's global weight was 0 (its
+  // buckets were left as the plain sums).
+  bool synchronize(const PassRef& pass);
   bool inFlight() const;
 
   // ---- Weighted windows (window_totals.h) -----------------------------------
   // sf_add_window_weight / sf_add_window_sums (arguments checked by the
   // caller): SF_ERR_INVALID_STATE unless reduce_op is SF_REDUCE_WEIGHTED,
-  // or once the first bucket of the window's last pass has started (naming
-  // it and the window; nothing is added).
-  void addWindowWeight(double weight);
-  void addWindowSums(const double* values, int count);
+  // or once the first bucket of `pass` has started (naming it and the
+  // window; nothing is added).
+  void addWindowWeight(double weight, const PassRef& pass);
+  void addWindowSums(const double* values, int count, const PassRef& pass);
   // The last completed weighted window's totals; false before one.
   bool windowTotals(WindowTotals::Totals& out) const;
-  // Whether the window synchronize() just completed had a global weight of
-  // 0 (its buckets were left as the plain sums); cleared by the next pass.
-  bool lastWindowWeightless() const;
 
   // ---- Gathers (reducer_gather.cpp) ----------------------------------------
   // Parameter gathers; bucket -1: all (forward order: the last bucket first).
-  void startGather(int64_t bucket);
+  // Only buckets reduced in `pass` may start one.
+  void startGather(int64_t bucket, const PassRef& pass);
   void waitGather(int64_t bucket);
   // sf_gather_gradients: once every bucket's reduction of the current window
   // is in place and before any parameter gather of it started, all-gather
   // each bucket's gradient segments (bucket order, blocking) so that every
   // rank holds the whole reduced gradients. Unsharded or world size 1: the
-  // same state checks, then nothing to do. A repeat in the same window is free.
-  void gatherGradients();
+  // same state checks, then nothing to do. A repeat in the same pass is free.
+  void gatherGradients(const PassRef& pass);
 
   // ---- Failure, teardown, counters -----------------------------------------
   // Wait for whatever is in flight, swallowing errors; false if the reducer
@@ -159,22 +172,25 @@ class Reducer {
   void buildLocked();
   void checkParameters() const;  // sharded: every gradient has one
   void logPlan() const;
-  bool sharded() const { return shard_ != SF_SHARD_NONE; }
+  bool sharded() const { return opts_.shard_layout != SF_SHARD_NONE; }
   int64_t ownSegment(const BucketBuffers& b) const { return b.layout.world > 1 ? opts_.rank : 0; }
   MemoryOps& memoryFor(sf_device device);  // host memory, or the device's backend's
   void checkBucketIndex(int64_t bucket, const char* what) const;
   void requireSharded(const char* what) const;
 
   // Reductions.
-  void openPassLocked();
-  void startReadyBuckets(bool early);
-  void startAllLocked(int64_t window);  // opens the pass if needed
-  void start(size_t bucket, bool early);
+  // Every cycle enters `pass` (the last pass's reductions stop being the
+  // current ones); nothing if they are in it already (built, else nothing).
+  void enterPassLocked(int64_t pass);
+  void startReadyBuckets(bool early, const PassRef& pass);
+  void startAllLocked(const PassRef& pass);  // enters the pass
+  void start(size_t bucket, bool early, const PassRef& pass);
   ReduceSpec reduceSpec() const;  // from the options, for every bucket
   // Weighted windows: SF_ERR_INVALID_STATE unless a weight or sum may still
   // be added to the window (reduce_op weighted, bucket 0 not yet started).
-  void requireWindowOpenLocked() const;
-  void waitBucketLocked(size_t bucket);  // wait, copy back, mark reduced
+  void requireWindowOpenLocked(const PassRef& pass) const;
+  void waitBucketLocked(size_t bucket, const PassRef& pass);  // wait, copy back, mark reduced
+  bool reducedIn(int64_t pass) const;  // every bucket
 
   // Gathers.
   void startGatherLocked(size_t bucket);
@@ -185,11 +201,10 @@ class Reducer {
   void throwIfFailed() const;
   bool drainLocked() noexcept;  // wait for all work; false if any failed
 
-  const sf_options opts_;
+  const sf_options& opts_;  // the Context's: frozen once built
   BackendFor backendFor_;
-  double capMb_, firstCapMb_;
-  sf_shard_layout shard_;
   std::vector<Gradient> grads_;
+  std::atomic<int64_t> registered_{0};  // grads_.size(), published for lock-free readers
   int64_t totalBytes_ = 0;  // of grads_, at most kMaxTotalBytes
 
   // Built once (built_), under mutex_.
@@ -198,20 +213,11 @@ class Reducer {
   std::vector<BucketCycle> cycles_;  // bucket i's state and its Work in flight: cycles_[i]
   WindowCheck check_;
   WindowTotals totals_;    // weighted windows: the weight and the window sums
-  bool weightless_ = false;  // the last completed weighted window's weight was 0
   std::atomic<bool> built_{false};
   bool verified_ = false;  // the layout check passed
 
   mutable std::mutex mutex_;
   size_t nextToStart_ = 0;  // buckets start in order: the next one
-  bool passOpen_ = false;   // a pass (window) started since the last synchronize
-  int64_t window_ = 0;      // the window number of the pass in flight
-  // Passes opened so far, the last one whose buckets were all reduced, and
-  // the last one whose gradients sf_gather_gradients made whole (0: none).
-  int64_t pass_ = 0;
-  int64_t reducedInPass_ = 0;  // buckets of pass_ reduced
-  int64_t completePass_ = 0;
-  int64_t gradientsGatheredPass_ = 0;
   ReducerCounters counters_;
   sf_status failedStatus_ = SF_OK;
   std::string failedMessage_;

@@ -36,6 +36,7 @@ int64_t Reducer::addGradient(void* hostData, int64_t numel, sf_dtype dtype, sf_d
   }
   grads_.push_back(Gradient{hostData, numel, dtype, device, label, hostData == nullptr});
   totalBytes_ += bytes;
+  registered_.store(id + 1, std::memory_order_release);
   return id;
 }
 
@@ -70,22 +71,10 @@ void Reducer::addParameter(int64_t id, void* hostData, int64_t numel, sf_dtype d
   fail(SF_ERR_INVALID_ARGUMENT, m.str());
 }
 
-void Reducer::setCaps(double capMb, double firstCapMb) {
+void Reducer::beforeBuild(const char* what, const std::function<void()>& edit) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (built()) {
-    fail(SF_ERR_INVALID_STATE, "the buckets are already built; bucket caps can only change before");
-  }
-  capMb_ = capMb;
-  firstCapMb_ = firstCapMb;
-}
-
-void Reducer::setShardLayout(sf_shard_layout layout) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (built()) {
-    fail(SF_ERR_INVALID_STATE, "the buckets are already built; the shard layout can only change "
-                               "before (sf_build_buckets, sf_gradient_data, sf_shard_range, ...)");
-  }
-  shard_ = layout;
+  if (built()) fail(SF_ERR_INVALID_STATE, std::string("the buckets are already built; ") + what);
+  edit();
 }
 
 void Reducer::requireSharded(const char* what) const {
@@ -109,15 +98,15 @@ void Reducer::buildLocked() {
   checkParameters();
   std::vector<GradSpec> specs;
   for (const auto& g : grads_) specs.push_back({g.numel, g.dtype, g.device});
-  plan_ = planBuckets(specs, capBytes(capMb_), capBytes(firstCapMb_));
-  check_.choose(plan_, opts_.world_size, shard_, opts_.wire_dtype);
+  plan_ = planBuckets(specs, capBytes(opts_.bucket_cap_mb), capBytes(opts_.first_bucket_cap_mb));
+  check_.choose(plan_, opts_.world_size, opts_.shard_layout, opts_.wire_dtype);
   // Each tail: the window check's elements, then the weighted window's limbs.
   std::vector<int64_t> reserve = check_.reserve(plan_.size());
   totals_.plan(plan_, opts_.world_size, opts_.wire_dtype, opts_.reduce_op == SF_REDUCE_WEIGHTED,
                reserve);
   const std::vector<int64_t> limbs = totals_.reserve(plan_.size());
   for (size_t i = 0; i < reserve.size(); ++i) reserve[i] += limbs[i];
-  memory_.build(grads_, plan_, reserve, opts_.world_size, shard_);
+  memory_.build(grads_, plan_, reserve, opts_.world_size, opts_.shard_layout);
   cycles_.clear();
   for (size_t i = 0; i < plan_.size(); ++i) {
     cycles_.emplace_back(int64_t(i), int64_t(plan_[i].grads.size()));
@@ -133,7 +122,7 @@ void Reducer::checkParameters() const {
     fail(SF_ERR_INVALID_STATE,
          "gradient " + std::to_string(id) + " ('" + grads_[id].name +
              "') has no parameter: in a sharded context (shard_layout = " +
-             std::string(shard_ == SF_SHARD_FLAT ? "flat" : "parameter") +
+             std::string(opts_.shard_layout == SF_SHARD_FLAT ? "flat" : "parameter") +
              ") register every gradient's parameter (sf_register_parameter) before the "
              "buckets are built");
   }
@@ -142,9 +131,9 @@ void Reducer::checkParameters() const {
 void Reducer::logPlan() const {
   SF_LOG(kInfo, "reducer", "bucket plan: " << plan_.size() << " buckets for " << grads_.size()
                                            << " gradients (" << totalBytes_ << " bytes), cap "
-                                           << capBytes(capMb_) << " bytes, first cap "
-                                           << capBytes(firstCapMb_) << " bytes; "
-                                           << (sharded() ? (shard_ == SF_SHARD_FLAT
+                                           << capBytes(opts_.bucket_cap_mb) << " bytes, first cap "
+                                           << capBytes(opts_.first_bucket_cap_mb) << " bytes; "
+                                           << (sharded() ? (opts_.shard_layout == SF_SHARD_FLAT
                                                                 ? "sharded (flat); "
                                                                 : "sharded (parameter); ")
                                                          : "")
@@ -189,11 +178,6 @@ void Reducer::zero() {
     fail(SF_ERR_INVALID_STATE, "a synchronization is in flight; call sf_synchronize first");
   }
   for (auto& g : grads_) memoryFor(g.device).zero(g.data, size_t(g.bytes()));
-}
-
-int64_t Reducer::gradientCount() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return int64_t(grads_.size());
 }
 
 int64_t Reducer::gradientBytes() const {

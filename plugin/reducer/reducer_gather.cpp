@@ -73,7 +73,7 @@ void Reducer::waitGatherLocked(size_t i) {
   if (trace_) trace_->instant(0, "gathered", "\"bucket\":" + std::to_string(i));
 }
 
-void Reducer::startGather(int64_t bucket) {
+void Reducer::startGather(int64_t bucket, const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   requireSharded("sf_start_gather");
   throwIfFailed();
@@ -83,7 +83,7 @@ void Reducer::startGather(int64_t bucket) {
   // starts nothing, on every rank alike.
   const int64_t n = int64_t(cycles_.size());
   auto check = [&](int64_t i) {
-    if (plan_[size_t(i)].device != SF_DEVICE_HOST && passOpen_ && nextToStart_ < cycles_.size()) {
+    if (plan_[size_t(i)].device != SF_DEVICE_HOST && pass.open && nextToStart_ < cycles_.size()) {
       // NCCL matches collectives by issue order on one communicator: a
       // gather may not come between reductions that ranks start at
       // different points (grad-ready hooks).
@@ -93,7 +93,7 @@ void Reducer::startGather(int64_t bucket) {
                "'s reduction has not started yet: start gathers of CUDA buckets after every "
                "bucket's reduction started (sf_synchronize_start or sf_synchronize)");
     }
-    if (!cycles_[size_t(i)].reducedIn(pass_)) {
+    if (!cycles_[size_t(i)].reducedIn(pass.number)) {
       fail(SF_ERR_INVALID_STATE,
            "sf_start_gather: bucket " + std::to_string(i) +
                " has not completed its reduction of this window (gathering before "
@@ -136,24 +136,25 @@ void Reducer::waitGather(int64_t bucket) {
   waitGatherLocked(size_t(bucket));
 }
 
-void Reducer::gatherGradients() {
+void Reducer::gatherGradients(const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   throwIfFailed();
   // The state first, alike in every mode, so that a host that calls at the
   // wrong point learns it in an unsharded context too.
   const char* const kAfter = " (call sf_synchronize, or sf_synchronize_start and sf_wait_bucket "
                              "for every bucket, and then sf_gather_gradients)";
-  if (!built() || pass_ == 0) {
+  if (!built() || pass.number == 0) {
     fail(SF_ERR_INVALID_STATE, std::string("sf_gather_gradients before synchronization: no "
                                            "window's gradients have been reduced yet") + kAfter);
   }
   for (size_t i = 0; i < cycles_.size(); ++i) {
     const BucketCycle& c = cycles_[i];
-    if (c.reducedIn(pass_)) continue;
+    if (c.reducedIn(pass.number)) continue;
     const bool reducing = c.state() == BucketState::kReducing;
     std::ostringstream m;
-    if (completePass_ > 0) {
-      // The last reduced window's gradients are no longer the ones in place.
+    if (pass.number > 1) {
+      // An earlier pass was synchronized (every pass before this one was,
+      // each complete): its gradients are no longer the ones in place.
       m << "sf_gather_gradients after the next window began (sf_begin_accumulation, "
            "sf_grad_ready or sf_synchronize_start since the last synchronization): bucket "
         << i << (reducing ? " is reducing" : " is not reduced yet")
@@ -167,7 +168,7 @@ void Reducer::gatherGradients() {
     }
     fail(SF_ERR_INVALID_STATE, m.str());
   }
-  if (gradientsGatheredPass_ == completePass_) return;  // whole already: free
+  if (cycles_.front().gradientsWholeIn(pass.number)) return;  // whole already: free
   for (size_t i = 0; i < cycles_.size(); ++i) {
     if (!cycles_[i].gathering()) continue;
     // Gradient and parameter gathers are one sequence of all-gathers,
@@ -180,7 +181,7 @@ void Reducer::gatherGradients() {
   // Unsharded (every rank received everything) or one rank (its segment is
   // the bucket): whole already, no collective.
   if (!sharded() || opts_.world_size == 1) {
-    gradientsGatheredPass_ = completePass_;
+    for (auto& c : cycles_) c.gradientsMadeWhole(pass.number);
     return;
   }
   // One all-gather per bucket, in bucket order on every rank, over the
@@ -232,8 +233,8 @@ void Reducer::gatherGradients() {
       failWith(e.status(), e.what());
     }
   }
-  gradientsGatheredPass_ = completePass_;
-  SF_LOG(kTrace, "reducer", "gradients of window " << window_ << " gathered ("
+  for (auto& c : cycles_) c.gradientsMadeWhole(pass.number);
+  SF_LOG(kTrace, "reducer", "gradients of window " << pass.window << " gathered ("
                                                    << cycles_.size() << " all-gathers)");
 }
 

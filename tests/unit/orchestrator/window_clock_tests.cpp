@@ -16,8 +16,9 @@ namespace {
 
 // grad-ready as the Context calls it: the window number, or -1 inside a window.
 int64_t ready(WindowClock& c) {
-  int64_t w = -2;
-  return c.gradReady(&w) ? w : -1;
+  PassRef p;
+  int64_t nth = 0;
+  return c.gradReady(&p, &nth) ? p.window : -1;
 }
 
 // One accumulation window of `passes` micro-batches of `grads` gradients.
@@ -233,7 +234,7 @@ BOOST_AUTO_TEST_CASE(restore_is_refused_once_the_clock_started) {
         BOOST_TEST(ready(c) == -1);
         c.end(1);
       }
-      if (w == "claim") claimed = c.claim();  // a synchronization that failed
+      if (w == "claim") claimed = c.claim().window;  // a synchronization that failed
       if (w == "synchronized") BOOST_TEST(sync(c) == 1);
       BOOST_TEST(c.started());
       const int64_t completed = c.windowsCompleted();
@@ -244,6 +245,66 @@ BOOST_AUTO_TEST_CASE(restore_is_refused_once_the_clock_started) {
       if (w == "claim") BOOST_TEST(claimed == 1);
     }
   }
+}
+
+// The passes the clock hands the reducer (pass_ref.h): a begin, a grad-ready
+// outside a window or a claim opens the next; only a synchronization closes
+// it; a closed pass keeps its number and its window's until the next opens;
+// a restore renumbers windows, not passes. Broken numbering (a pass per
+// begin, or a claim that does not open one) fails the exact numbers here.
+BOOST_AUTO_TEST_CASE(passes_open_at_the_first_call_and_close_at_their_synchronization) {
+  WindowClock c;
+  BOOST_TEST(c.restore(10));
+  auto is = [&](int64_t number, bool open, int64_t window) {
+    const PassRef p = c.pass();
+    BOOST_TEST(p.number == number);
+    BOOST_TEST(p.open == open);
+    BOOST_TEST(p.window == window);
+  };
+  is(0, false, 10);  // no pass yet
+  BOOST_TEST(c.nextPass() == 1);
+  // Pass 1: a window of 2 micro-batches, the last micro-batch outside.
+  c.begin();
+  is(1, true, 11);
+  BOOST_TEST(c.nextPass() == 1);  // a second begin would not open another
+  PassRef p;
+  int64_t nth = 0;
+  for (int64_t k = 1; k <= 4; ++k) {
+    BOOST_TEST(!c.gradReady(&p, &nth));
+    BOOST_TEST(nth == k);  // the window's grad-ready calls
+  }
+  c.end(2);
+  for (int64_t k = 1; k <= 2; ++k) {
+    BOOST_TEST(c.gradReady(&p, &nth));
+    BOOST_TEST(nth == k);  // those outside, since the last synchronization
+    BOOST_TEST(p.number == 1);
+    BOOST_TEST(p.open);
+    BOOST_TEST(p.window == 11);
+  }
+  const PassRef claimed = c.claim();
+  BOOST_TEST(claimed.number == 1);
+  BOOST_TEST(claimed.window == 11);
+  c.synchronized(claimed.window);
+  is(1, false, 11);  // closed: its results stay the current ones
+  BOOST_TEST(c.nextPass() == 2);
+  // Pass 2: opened by a grad-ready outside a window (no begin).
+  BOOST_TEST(c.gradReady(&p, &nth));
+  BOOST_TEST(nth == 1);
+  BOOST_TEST(p.number == 2);
+  is(2, true, 12);
+  c.synchronized(c.claim().window);
+  // Pass 3: opened by the claim of an extra synchronization (the host
+  // reported nothing since): it reuses window 12, and is a pass of its own.
+  const PassRef extra = c.claim();
+  BOOST_TEST(extra.number == 3);
+  BOOST_TEST(extra.open);
+  BOOST_TEST(extra.window == 12);
+  is(3, true, 12);  // what sf_wait_bucket after sf_synchronize_start is handed
+  // A failed synchronization closes nothing: the next claim is the same pass.
+  BOOST_TEST(c.claim().number == 3);
+  c.synchronized(extra.window);
+  is(3, false, 12);
+  BOOST_TEST(c.windowsCompleted() == 13);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

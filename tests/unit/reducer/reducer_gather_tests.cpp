@@ -67,12 +67,12 @@ float value(int64_t id, int64_t j) { return float(id * 10 + j % 7 + 1); }
 // registered from host memory, the others plugin-owned; sharded: every
 // gradient's parameter, host-owned for the ids in `hostParams`.
 struct Bench {
+  sf_options opts;  // read by the reducer: outlives it
   std::vector<Call> log;
   std::unique_ptr<Stamping> backend;
   std::unique_ptr<Reducer> red;  // after the backend: destroyed first
   std::vector<std::vector<float>> host, hostParam;
   std::vector<int64_t> numels;
-  sf_options opts;
   int world, rank;
 
   Bench(int world_, int rank_, sf_shard_layout shard, std::vector<int64_t> numels_,
@@ -107,6 +107,32 @@ struct Bench {
     }
     red->build();
   }
+  // The passes as the Context's WindowClock hands them to the reducer
+  // (pass_ref.h): a begin, a grad-ready outside a window or a
+  // synchronization opens the next one; a successful synchronization closes it.
+  PassRef pass;  // the pass under way, or the last one
+  const PassRef& opened(int64_t window) {
+    if (!pass.open) {
+      ++pass.number;
+      pass.open = true;
+    }
+    pass.window = window;
+    return pass;
+  }
+  bool beginPass() {
+    if (!red->beginPass(pass.open ? pass.number : pass.number + 1)) return false;
+    opened(pass.window);
+    return true;
+  }
+  void markReady(int64_t id, int64_t window) { red->markReady(id, opened(window)); }
+  void synchronizeStart(int64_t window) { red->synchronizeStart(opened(window)); }
+  void synchronize(int64_t window) {
+    red->synchronize(opened(window));
+    pass.open = false;  // not after a failure: the clock closes only a synchronized pass
+  }
+  void waitBucket(int64_t bucket) { red->waitBucket(bucket, pass); }
+  void startGather(int64_t bucket) { red->startGather(bucket, pass); }
+  void gatherGradients() { red->gatherGradients(pass); }
   float* grad(int64_t id) { return static_cast<float*>(red->gradientData(id)); }
   float* param(int64_t id) { return static_cast<float*>(red->parameterData(id)); }
   void fill() {
@@ -177,7 +203,7 @@ BOOST_AUTO_TEST_CASE(refused_states_are_named_and_issue_nothing_flat_2_ranks_rec
     BOOST_TEST_CONTEXT(what) {
       const size_t before = b.log.size();
       const int64_t gathers = b.red->counters().allGathers;
-      expectRefused([&] { b.red->gatherGradients(); }, SF_ERR_INVALID_STATE, words);
+      expectRefused([&] { b.gatherGradients(); }, SF_ERR_INVALID_STATE, words);
       BOOST_TEST(b.log.size() == before);  // nothing issued
       BOOST_TEST(b.red->counters().allGathers == gathers);
     }
@@ -186,7 +212,7 @@ BOOST_AUTO_TEST_CASE(refused_states_are_named_and_issue_nothing_flat_2_ranks_rec
     BOOST_TEST_CONTEXT(what) {
       const size_t before = b.count("allgather");
       const ReducerCounters c = b.red->counters();
-      b.red->gatherGradients();
+      b.gatherGradients();
       BOOST_TEST(b.count("allgather") - before == want);
       BOOST_TEST(b.red->counters().allGathers - c.allGathers == int64_t(want));
       BOOST_TEST(b.red->counters().collectives == c.collectives);  // no reduction
@@ -195,44 +221,44 @@ BOOST_AUTO_TEST_CASE(refused_states_are_named_and_issue_nothing_flat_2_ranks_rec
   refused({"sf_gather_gradients before synchronization", "no window's gradients have been reduced yet",
            "call sf_synchronize"},
           "built, before any pass");
-  BOOST_TEST(b.red->beginPass());
+  BOOST_TEST(b.beginPass());
   refused({"before the window's reductions are complete", "bucket 0's reduction has not started in this window"},
           "a pass open, nothing started");
-  b.red->synchronizeStart(1);
+  b.synchronizeStart(1);
   refused({"before the window's reductions are complete", "bucket 0 is still reducing (started, not waited for)"},
           "reductions in flight");
-  b.red->waitBucket(0);
+  b.waitBucket(0);
   refused({"bucket 1 is still reducing"}, "one bucket waited");
-  b.red->waitBucket(1);
+  b.waitBucket(1);
   gathers(2, "every bucket waited");
-  b.red->synchronize(1);
+  b.synchronize(1);
   gathers(0, "a repeat in the same window is free");
   gathers(0, "and again");
-  b.red->synchronize(2);
-  b.red->startGather(0);
+  b.synchronize(2);
+  b.startGather(0);
   refused({"sf_gather_gradients after sf_start_gather", "bucket 0's parameter gather started in this window",
            "gather the gradients first"},
           "after a parameter gather started");
   b.red->waitGather(-1);
-  b.red->synchronize(3);
+  b.synchronize(3);
   gathers(2, "the next window");
-  BOOST_TEST(b.red->beginPass());
+  BOOST_TEST(b.beginPass());
   refused({"after the next window began", "bucket 0 is not reduced yet in the new window"},
           "the next window began");
   // Grad-ready of bucket 0's only gradient (#1) starts it early.
-  b.red->markReady(1, 4);
+  b.markReady(1, 4);
   refused({"after the next window began", "bucket 0 is reducing in the new window"},
           "a bucket started early in the new window");
-  b.red->synchronize(4);
+  b.synchronize(4);
   gathers(2, "that window synchronized");
 }
 
 BOOST_AUTO_TEST_CASE(one_allgather_per_bucket_in_bucket_order_over_segments_and_tails_3_ranks) {
   Bench b(3, 1, SF_SHARD_FLAT, {50, 30, 70});
   b.fill();
-  b.red->synchronize(1);
+  b.synchronize(1);
   const size_t before = b.log.size();
-  b.red->gatherGradients();
+  b.gatherGradients();
   const auto layouts = b.layouts();
   const size_t n = layouts.size();
   BOOST_REQUIRE_EQUAL(b.log.size() - before, n);
@@ -260,8 +286,8 @@ void checkWholeGradients(sf_shard_layout shard, std::vector<int64_t> hostOwned) 
   for (int64_t id : hostOwned) {
     for (int64_t j = 0; j < b.numels[size_t(id)]; ++j) b.host[size_t(id)][size_t(j)] = value(id, j);
   }
-  b.red->synchronize(1);
-  b.red->gatherGradients();
+  b.synchronize(1);
+  b.gatherGradients();
   const auto layouts = b.layouts();
   int64_t own = 0, others = 0;
   for (int64_t id = 0; id < int64_t(b.numels.size()); ++id) {
@@ -301,21 +327,21 @@ BOOST_AUTO_TEST_CASE(whole_gradients_parameter_layout_plugin_owned_and_host_owne
 BOOST_AUTO_TEST_CASE(unsharded_and_alone_apply_the_same_rules_and_issue_nothing) {
   {
     Bench b(2, 1, SF_SHARD_NONE, {50, 30});
-    expectRefused([&] { b.red->gatherGradients(); }, SF_ERR_INVALID_STATE, {"before synchronization"});
-    b.red->synchronize(1);
+    expectRefused([&] { b.gatherGradients(); }, SF_ERR_INVALID_STATE, {"before synchronization"});
+    b.synchronize(1);
     const size_t before = b.log.size();
-    b.red->gatherGradients();
+    b.gatherGradients();
     BOOST_TEST(b.log.size() == before);
     BOOST_TEST(b.red->counters().allGathers == 0);
-    BOOST_TEST(b.red->beginPass());
-    expectRefused([&] { b.red->gatherGradients(); }, SF_ERR_INVALID_STATE, {"after the next window began"});
+    BOOST_TEST(b.beginPass());
+    expectRefused([&] { b.gatherGradients(); }, SF_ERR_INVALID_STATE, {"after the next window began"});
   }
   for (sf_shard_layout shard : {SF_SHARD_FLAT, SF_SHARD_PARAMETER}) {
     BOOST_TEST_CONTEXT("world size 1, layout " << shard) {
       Bench b(1, 0, shard, {50, 30});
-      b.red->synchronize(1);
+      b.synchronize(1);
       const size_t before = b.log.size();
-      b.red->gatherGradients();
+      b.gatherGradients();
       BOOST_TEST(b.log.size() == before);
       BOOST_TEST(b.red->counters().allGathers == 0);
     }
@@ -324,21 +350,21 @@ BOOST_AUTO_TEST_CASE(unsharded_and_alone_apply_the_same_rules_and_issue_nothing)
 
 BOOST_AUTO_TEST_CASE(a_failed_gather_fails_the_reducer_for_good) {
   Bench b(2, 0, SF_SHARD_FLAT, {50, 30});
-  b.red->synchronize(1);
+  b.synchronize(1);
   b.backend->failGathers = true;
-  expectRefused([&] { b.red->gatherGradients(); }, SF_ERR_BACKEND, {"all-gather failed (test)"});
+  expectRefused([&] { b.gatherGradients(); }, SF_ERR_BACKEND, {"all-gather failed (test)"});
   b.backend->failGathers = false;
-  expectRefused([&] { b.red->gatherGradients(); }, SF_ERR_BACKEND,
+  expectRefused([&] { b.gatherGradients(); }, SF_ERR_BACKEND,
                 {"failed earlier", "all-gather failed (test)"});
-  expectRefused([&] { b.red->synchronize(2); }, SF_ERR_BACKEND, {"failed earlier"});
+  expectRefused([&] { b.synchronize(2); }, SF_ERR_BACKEND, {"failed earlier"});
 }
 
 // ---- Parameter gathers ----------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(parameter_gathers_need_a_sharded_context) {
   Bench b(2, 0, SF_SHARD_NONE, {50, 30});
-  b.red->synchronize(1);
-  for (auto call : {+[](Reducer& r) { r.startGather(-1); }, +[](Reducer& r) { r.waitGather(-1); }}) {
+  b.synchronize(1);
+  for (auto call : {+[](Reducer& r) { r.startGather(-1, PassRef{1, false, 1}); }, +[](Reducer& r) { r.waitGather(-1); }}) {
     expectRefused([&] { call(*b.red); }, SF_ERR_INVALID_STATE, {"needs a sharded context", "shard_layout = none"});
   }
   BOOST_TEST(b.count("allgather") == 0u);
@@ -346,17 +372,17 @@ BOOST_AUTO_TEST_CASE(parameter_gathers_need_a_sharded_context) {
 
 BOOST_AUTO_TEST_CASE(parameter_gathers_run_in_forward_order_and_refuse_what_is_wrong_2_ranks) {
   Bench b(2, 0, SF_SHARD_FLAT, {50, 30});
-  expectRefused([&] { b.red->startGather(-1); }, SF_ERR_INVALID_STATE,
+  expectRefused([&] { b.startGather(-1); }, SF_ERR_INVALID_STATE,
                 {"sf_start_gather: bucket 1 has not completed its reduction of this window",
                  "gathering before synchronization"});
-  expectRefused([&] { b.red->startGather(2); }, SF_ERR_INVALID_ARGUMENT,
+  expectRefused([&] { b.startGather(2); }, SF_ERR_INVALID_ARGUMENT,
                 {"sf_start_gather: bucket = 2 is not a bucket (0..1)"});
   BOOST_TEST(b.count("allgather") == 0u);
-  b.red->synchronize(1);
+  b.synchronize(1);
   expectRefused([&] { b.red->waitGather(1); }, SF_ERR_INVALID_STATE,
                 {"sf_wait_gather: bucket 1's gather was never started in this window"});
   const size_t before = b.log.size();
-  b.red->startGather(-1);
+  b.startGather(-1);
   BOOST_REQUIRE_EQUAL(b.log.size() - before, 2u);
   const auto layouts = b.layouts();
   // Forward order (the last bucket first), each over the parameter segments.
@@ -364,15 +390,15 @@ BOOST_AUTO_TEST_CASE(parameter_gathers_run_in_forward_order_and_refuse_what_is_w
   BOOST_TEST(b.log[before + 1].bucket == 0);
   BOOST_TEST(b.log[before].elems == layouts[1].shardElems);
   BOOST_TEST(b.log[before + 1].elems == layouts[0].shardElems);
-  expectRefused([&] { b.red->startGather(0); }, SF_ERR_INVALID_STATE,
+  expectRefused([&] { b.startGather(0); }, SF_ERR_INVALID_STATE,
                 {"sf_start_gather: bucket 0's gather was already started in this window"});
   BOOST_TEST(b.log.size() - before == 2u);
   b.red->waitGather(-1);
   BOOST_TEST(b.red->counters().allGathers == 2);
   // A started bucket -1 skips what is already gathering: bucket 0 alone, then the rest.
-  b.red->synchronize(2);
-  b.red->startGather(0);
-  b.red->startGather(-1);
+  b.synchronize(2);
+  b.startGather(0);
+  b.startGather(-1);
   BOOST_TEST(b.count("allgather") == 4u);
   b.red->waitGather(0);
   b.red->waitGather(1);
@@ -384,13 +410,13 @@ BOOST_AUTO_TEST_CASE(host_owned_parameters_are_made_whole_3_ranks) {
   for (sf_shard_layout shard : {SF_SHARD_FLAT, SF_SHARD_PARAMETER}) {
     BOOST_TEST_CONTEXT("layout " << shard) {
       Bench b(3, 2, shard, {50, 30, 41}, {}, {0});
-      b.red->synchronize(1);
+      b.synchronize(1);
       for (int64_t id = 0; id < 3; ++id) {
         const ShardRange r = b.red->shardRange(id);
         for (int64_t j = r.offset; j < r.offset + r.count; ++j) b.param(id)[j] = -float(j + 1);
       }
       BOOST_TEST(b.param(0) == b.hostParam[0].data());
-      b.red->startGather(-1);
+      b.startGather(-1);
       b.red->waitGather(-1);
       const auto layouts = b.layouts();
       for (int64_t id = 0; id < 3; ++id) {

@@ -1,0 +1,29 @@
+#pragma once
+// PassRef: the pass a reducer call belongs to, as the Context's WindowClock
+// numbers it (plugin/orchestrator/window_clock.h). The reducer keeps no pass
+// or window count of its own: each call that starts, waits for or checks a
+// window's collectives is handed the pass, and each bucket's BucketCycle
+// records the pass its state belongs to (bucket_state.h).
+//
+// A pass is what one synchronization completes: the reductions of every
+// bucket. It opens at the first sf_begin_accumulation, sf_grad_ready outside
+// a window or synchronization (sf_synchronize, sf_synchronize_start) since
+// the last successful synchronization, and closes when that synchronization
+// succeeds. Passes are numbered 1, 2, ... in this process (a restored run
+// renumbers windows, not passes).
+
+#include <cstdint>
+
+namespace sfsync {
+
+struct PassRef {
+  // The pass under way (open) or, when !open, the last one, whose results
+  // stay in place until the next opens; 0: no pass yet.
+  int64_t number = 0;
+  bool open = false;
+  // The window number its synchronization sends (checked across ranks by
+  // the window check), or the last synchronized window's when !open.
+  int64_t window = 0;
+};
+
+}  // namespace sfsync
