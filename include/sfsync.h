@@ -113,7 +113,7 @@ typedef struct sf_options {
   uint64_t struct_size;     /* sizeof(sf_options) as the caller knows it */
   int32_t rank;             /* this process's rank; env RANK (default 0), or (since 0.3) the
                                launcher's: SF_RANK > RANK > OMPI_COMM_WORLD_RANK > PMI_RANK >
-                               SLURM_PROCID (README "Launchers") */
+                               SLURM_PROCID (docs/launchers.md) */
   int32_t world_size;       /* number of ranks; env WORLD_SIZE (default 1), or the launcher's:
                                SF_WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS */
   int32_t local_rank;       /* rank on this machine (GPU local_rank % visible GPUs); env LOCAL_RANK (default 0), or
@@ -189,7 +189,7 @@ typedef struct sf_options {
  * Fill `opts` with the defaults, then apply the SF_* and torchrun
  * environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
  * MASTER_PORT). Since 0.3 also the other launchers' (SF_RANK..., Open MPI,
- * MPICH/Intel MPI's PMI, Slurm: the first group set wins, README
+ * MPICH/Intel MPI's PMI, Slurm: the first group set wins, docs/launchers.md
  * "Launchers") and their meeting point (rendezvous). A group with only its
  * rank or only its size, a non-number, or a rank not below the size is
  * SF_ERR_INVALID_ARGUMENT naming the variables and values.
@@ -986,7 +986,7 @@ SF_API sf_status sf_allreduce_float64(sf_context* ctx, double* values, int64_t c
 /* ---- Launcher discovery (Since 0.4) -------------------------------------
  *
  * What sf_options_init takes from the launchers' environment (rank
- * variables and meeting point, README "Launchers"), as a report for people
+ * variables and meeting point, docs/launchers.md), as a report for people
  * and tools: `sfsync-run --discover`, `python3 -m sfsync` and
  * sfsync.launch.discover() print this one answer. The same code fills
  * sf_options_init's rank, world_size, local_rank and rendezvous.

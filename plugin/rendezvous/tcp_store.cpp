@@ -130,7 +130,7 @@ class TcpStoreServer {
              "the env:// store on " << where_
                                     << " is open: no SF_AUTH_TOKEN or SF_AUTH_TOKEN_FILE, so anyone "
                                        "who reaches it can read the ranks' addresses or join the job "
-                                       "(sfsync-run sets a token; see the README)");
+                                       "(sfsync-run sets a token; see docs/launchers.md, \"Only the job gets in\")");
     }
     thread_ = std::thread([this] { loop(); });
   }

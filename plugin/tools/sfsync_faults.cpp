@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
   options.add_options()
       ("rounds", "rounds per case", cxxopts::value<int>()->default_value("5"))
       ("timeout-ms", "timeout_ms of every wait", cxxopts::value<int64_t>()->default_value("1000"))
-      ("slack-ms", "allowed time past timeout_ms (README)", cxxopts::value<int64_t>()->default_value("2000"))
+      ("slack-ms", "allowed time past timeout_ms (docs/reliability.md)", cxxopts::value<int64_t>()->default_value("2000"))
       ("cases", "only these cases (comma-separated)", cxxopts::value<std::vector<std::string>>())
       ("serve", "internal: serve an env:// store on this port until killed", cxxopts::value<int>())
       ("h,help", "print this help");

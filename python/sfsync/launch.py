@@ -17,7 +17,7 @@ slurm     ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``
 Meeting point: ``SF_RENDEZVOUS``; else ``MASTER_ADDR`` (``env://``); else,
 for a world above one, ``mpi://`` under an MPI launcher whose libmpi loads;
 else under Slurm ``tcp://FIRST_HOST:PORT``; else an error naming the
-variables (``Launch.unmet``). README "Launchers" has the details.
+variables (``Launch.unmet``). docs/launchers.md has the details.
 """
 
 import ctypes

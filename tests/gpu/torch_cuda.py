@@ -26,7 +26,7 @@ Per case one line ``RESULT <case> ... OK|FAIL``:
             (all-reduce 2x its buffer, reduce-scatter / all-gather 1x), against
             DDP's. Judged when both counts are non-zero: unsharded and attach
             1.0x DDP's (0.95..1.10), sharded 1.5x (1.40..1.65: reduce-scatter +
-            gradient gather + parameter gather, README "Sharded windows").
+            gradient gather + parameter gather, docs/sharded.md).
             Where NCCL printed no COLL line the line says nccl=unavailable
             and only sfsync's stats are printed;
   memory    torch.cuda.max_memory_allocated() over the case's windows and the

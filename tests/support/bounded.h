@@ -2,7 +2,7 @@
 // Documented time bounds: runs a body on its own thread, waits for it at most
 // a limit (a body that hangs is left behind so that the suite goes on), and
 // checks that it ended with an expected status within timeout_ms plus the
-// documented slack (README "Rendezvous, timeouts and trust": 2 s).
+// documented slack (docs/reliability.md, "Every wait ends": 2 s).
 
 #include <boost/test/unit_test.hpp>
 
