@@ -8,18 +8,32 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 # Each phase says how long it took (the goal, issue 34: at most 15 minutes
-# on a 2-core machine after the demo, the torch venv made).
-phase_start=$SECONDS
-took() { echo "   ($1: $((SECONDS - phase_start)) s)"; phase_start=$SECONDS; }
+# on a 2-core machine after the demo, the torch venv made) and the CPU time
+# its processes used (user + system of the children this shell waited for:
+# the 2 cores give 2 CPU-s a second).
+ticks=$(getconf CLK_TCK)
+cpu_now() {  # cpu: this (sub)shell's waited-for children's CPU time, in ticks
+  local st
+  read -r -a st < "/proc/$BASHPID/stat"
+  cpu=$((st[15] + st[16]))
+}
+cpu_now
+phase_start=$SECONDS phase_cpu=$cpu
+took() {
+  cpu_now
+  echo "   ($1: $((SECONDS - phase_start)) s, $(((cpu - phase_cpu) / ticks)) CPU-s)"
+  phase_start=$SECONDS phase_cpu=$cpu
+}
 
 bash scripts/install-deps.sh
 
 source scripts/build-env.sh  # launcher (ccache), normal_tree
 
-build() {  # build DIR [--target T] [cmake args...]
+build() {  # build DIR [--target "T..."] [cmake args...]
   local dir=$1; shift
   local target=()
-  if [ "${1:-}" = "--target" ]; then target=(--target "$2"); shift 2; fi
+  # shellcheck disable=SC2206  # the targets, split on spaces
+  if [ "${1:-}" = "--target" ]; then target=(--target $2); shift 2; fi
   echo "== configure and build $dir $* ${target[*]}"
   mkdir -p "$dir"
   cmake -S . -B "$dir" "${launcher[@]}" "$@" > "$dir/build.log" 2>&1 || { cat "$dir/build.log"; exit 1; }
@@ -32,14 +46,16 @@ build() {  # build DIR [--target T] [cmake args...]
 # and check that nothing a unit test names is missing. clang-14 (its ASan,
 # UBSan and TSan; it compiles these trees ~40 % faster than GCC 12), Debug
 # with -g1 (line tables: a sanitizer report still names file:line).
-build_unit() {  # build_unit DIR [cmake args...]
-  local dir=$1; shift
-  # A tree configured with another compiler is configured afresh.
-  if [ -f "$dir/CMakeCache.txt" ] && ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++-14$' "$dir/CMakeCache.txt"; then
+build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
+  local dir=$1 targets=$2; shift 2
+  # A tree configured with another compiler, or not for tests (a fuzzer-only
+  # tree of tests/fuzz/run.sh), is configured afresh.
+  if [ -f "$dir/CMakeCache.txt" ] && { ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++-14$' "$dir/CMakeCache.txt" ||
+       grep -q '^SF_BUILD_TESTS:BOOL=OFF' "$dir/CMakeCache.txt"; }; then
     rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
   fi
-  build "$dir" --target sf_unit_tests -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
-    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 "$@"
+  build "$dir" --target "$targets" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+    -DSF_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 "$@"
   python3 tests/support/check_unit_targets.py "$dir"
 }
 
@@ -50,18 +66,28 @@ build_unit() {  # build_unit DIR [cmake args...]
 #   same sources, into build/wheel-prebuilt: python_wheel_torch2 waits for it
 #   and checks that wheel (tests/python/test_wheel.py --prebuilt);
 # - under SCHED_IDLE (chrt --idle: only CPU time nothing else wants, so no
-#   test's timing changes): the libFuzzer tree (ctest's fuzz_build waits for
-#   it and finds it built; tests/fuzz/run.sh), then the two sanitizer trees.
+#   test's timing changes): the two sanitizer trees, the ASan tree with the
+#   libFuzzer targets (SF_FUZZERS: one clang build for both; ctest's
+#   fuzz_build, pointed at it by SF_FUZZ_DIR, waits for its lock and finds
+#   them built; tests/fuzz/run.sh).
 # Each logs into its tree; a failure is reported when its result is needed.
-mkdir -p build
-python3 tests/python/test_wheel.py --prebuild build/wheel-prebuilt > build/wheel-prebuilt.log 2>&1 &
+mkdir -p build build-asan
+( cpu_now; phase_start=$SECONDS phase_cpu=$cpu  # this job's own
+  python3 tests/python/test_wheel.py --prebuild build/wheel-prebuilt || exit
+  took "the wheel's prebuild" ) > build/wheel-prebuilt.log 2>&1 &
 wheel_pid=$!
-( chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: these builds run at normal priority"
-  tests/fuzz/run.sh --build-dir build/fuzz-clang --build || echo "(its failure is fuzz_build's to report)"
-  took "build build/fuzz-clang"
-  build_unit build-asan -DSF_SANITIZE=address
-  build_unit build-tsan -DSF_SANITIZE=thread ) > build/background-builds.log 2>&1 &
+# The ASan tree's lock (tests/fuzz/run.sh's), taken here, before ctest can
+# start fuzz_build: held (fd 7) by the background builds until that tree is built.
+exec 7> build-asan.lock
+flock 7
+( cpu_now; phase_start=$SECONDS phase_cpu=$cpu  # this job's own
+  chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: these builds run at normal priority"
+  build_unit build-asan "sf_unit_tests sf_fuzzers" -DSF_SANITIZE=address -DSF_FUZZERS=ON
+  flock -u 7
+  exec 7>&-
+  build_unit build-tsan sf_unit_tests -DSF_SANITIZE=thread ) > build/background-builds.log 2>&1 &
 background_pid=$!
+exec 7>&-  # the background builds hold the lock now
 # An early exit (a failed build) takes them down with it.
 kill_tree() {
   local c
@@ -86,15 +112,23 @@ python3 tests/python/test_wheel.py --prepare | tail -1 || true
 bash scripts/docs-venv.sh | tail -1 || echo "== scripts/docs-venv.sh failed: docs_site cannot run"
 took "packages, torch2 venv, the wheel test's tools and root, the docs venv"
 
-build build "${normal_tree[@]}" -DSF_PYTHON_TORCH2="$torch2"
+build build "${normal_tree[@]}" -DSF_PYTHON_TORCH2="$torch2" -DSF_FUZZ_DIR="$PWD/build-asan"
 echo "== tests: everything"
 (cd build && ctest -j "$jobs" --output-on-failure)
 took "tests: everything"
 
+# The background jobs' CPU joins this shell's as they are waited for: said
+# apart (each job logs its own), not charged to the phase below.
+cpu_now
+waited_from=$cpu
 wait "$wheel_pid" || true  # its failure is the wheel test's (it then built its own)
+grep -E "^   \(the wheel's prebuild" build/wheel-prebuilt.log || true
 echo "== the sanitizer trees (built in the background; the rest of their build now)"
 wait "$background_pid" || { cat build/background-builds.log; exit 1; }
 grep -E '^   \(build |check_unit_targets' build/background-builds.log || true
+cpu_now
+echo "   (the background jobs: $(((cpu - waited_from) / ticks)) CPU-s in all)"
+phase_cpu=$((phase_cpu + cpu - waited_from))
 took "sanitizer builds, what was left of them"
 
 echo "== tests: AddressSanitizer + UBSan"
