@@ -1,7 +1,7 @@
 #!/bin/bash
 # tests/gpu/run.sh's frameworks_world1 step: the trainer-framework tests of
-# tests/python/frameworks (Accelerate, Lightning) on CUDA at world size 1,
-# SF_FRAMEWORK_DEVICE=cuda (their NCCL process group; bytes not judged:
+# tests/python/sfsync/torch/integrations (Accelerate, Lightning) on CUDA at
+# world size 1, SF_FRAMEWORK_DEVICE=cuda (their NCCL process group; bytes not judged:
 # wchar does not see NCCL's traffic, and one rank sends nothing), each under
 # torchrun with one process (tests/python/run_torchrun.py --nproc 1, as CI
 # runs them with 2), TIMEOUT seconds each at most.

@@ -82,7 +82,7 @@ for f in tests/gpu/torch_cuda.py tests/gpu/torch_facts.sh tests/gpu/frameworks_w
   cp "$root/$f" "$carried/scripts/" || exit 2
 done
 for f in _common.py test_accelerate.py test_lightning.py; do
-  cp "$root/tests/python/frameworks/$f" "$carried/scripts/frameworks/" || exit 2
+  cp "$root/tests/python/sfsync/torch/integrations/$f" "$carried/scripts/frameworks/" || exit 2
 done
 
 # What a CUDA / PyTorch image has anyway, and what run.sh brings at run time.

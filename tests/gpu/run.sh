@@ -37,7 +37,7 @@
 #                      NCCL's COLL lines), torch.cuda.max_memory_allocated
 #   torch_two_ranks    the same at two ranks on the one GPU: only if NCCL
 #                      accepted two_ranks_parity
-#   frameworks_world1  tests/python/frameworks' Accelerate and Lightning tests
+#   frameworks_world1  tests/python/sfsync/torch/integrations' Accelerate and Lightning tests
 #                      on CUDA at world size 1 (SKIP where the image lacks them)
 # Where no GPU is visible every step is SKIP and the exit status is 0.
 #

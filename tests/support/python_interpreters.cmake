@@ -1,5 +1,5 @@
 # The Python interpreters the Python suites run under, one per supported
-# torch line (tests/python, samples/python; tests/python/frameworks):
+# torch line (tests/python, samples/python; tests/python/sfsync/torch/integrations):
 #
 #   key     interpreter        test names     labels added
 #   torch1  SF_PYTHON          as written     (none)        Debian's torch 1.13 (/usr/bin/python3)
