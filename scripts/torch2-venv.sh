@@ -2,7 +2,7 @@
 # Makes (or reuses) the virtual environment with pip's newest torch 2.x and
 # the trainer frameworks the Python suites test against: Accelerate,
 # Lightning, Transformers; plus setuptools, wheel and build for the pip
-# install test (tests/python/test_pip_install.py). Prints the venv's python
+# install test (tests/python/packaging/test_pip_install.py). Prints the venv's python
 # on its last line (scripts/test.sh passes it as -DSF_PYTHON_TORCH2).
 #
 #   SF_TORCH2_VENV   where it lives (default ~/.cache/sfsync/venv-torch2,

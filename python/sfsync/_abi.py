@@ -4,10 +4,10 @@ The rest of the package (``sfsync``, ``sfsync.shard``, ``sfsync.launch``,
 ``sfsync.torch``) calls the library only through what ``sfsync.lib()`` binds
 from the tables here; nothing else declares an argtype.
 
-``tests/python/test_binding.py`` reads the header and checks this module
+``tests/python/sfsync/test_binding.py`` reads the header and checks this module
 against it: every function's name, return type, argument count and types
 and Since version, every struct's fields, size and offsets (through the C
-compiler's view, ``tests/python/layout_probe.c``), every ``#define``'d
+compiler's view, ``tests/python/support/layout_probe.c``), every ``#define``'d
 constant.
 
 Standard library only.

@@ -3,7 +3,7 @@
 # tests/python/sfsync/torch/integrations (Accelerate, Lightning) on CUDA at
 # world size 1, SF_FRAMEWORK_DEVICE=cuda (their NCCL process group; bytes not judged:
 # wchar does not see NCCL's traffic, and one rank sends nothing), each under
-# torchrun with one process (tests/python/run_torchrun.py --nproc 1, as CI
+# torchrun with one process (tests/python/support/run_torchrun.py --nproc 1, as CI
 # runs them with 2), TIMEOUT seconds each at most.
 # One RESULT line per framework: OK, FAIL with the failed checks (count and
 # the first three), or SKIPPED where the image lacks the framework.

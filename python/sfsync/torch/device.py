@@ -45,7 +45,7 @@ calls these functions in sfsync.torch, runs here on ``CpuOps`` or
 ``StandinCudaOps``.
 
 Contract for the caller (found with the strict stand-in,
-tests/python/test_device_ops.py StandinContractTests): the stream given to
+tests/python/sfsync/torch/test_device_ops.py StandinContractTests): the stream given to
 sf_set_cuda_stream must stay alive until the context is closed, or be
 replaced first: sf_destroy records an event on it before it frees the
 plugin's device buffers. torch's current stream of a device always is; a

@@ -8,7 +8,7 @@ counted misuse there). With the plugin's NCCL backend loading the same
 stand-ins (SF_CUDART_LIBRARY / SF_NCCL_LIBRARY), a CPU test runs the whole
 device path of sfsync.torch: SF_DEVICE_CUDA registrations, the plugin's
 stream and events, the stand-in NCCL's collectives
-(tests/python/test_device_path.py, test_device_ops.py).
+(tests/python/sfsync/torch/test_device_path.py, test_device_ops.py).
 """
 
 import contextlib

@@ -30,7 +30,7 @@ Gloo), several buckets (a 2 KB cap). Judged:
 Each comparison prints its measured distance.
 
     PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 \\
-    python3 tests/python/test_weighted.py -v
+    python3 tests/python/sfsync/torch/test_weighted.py -v
 """
 
 import math
@@ -39,7 +39,8 @@ import sys
 import unittest
 import uuid
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
@@ -48,6 +49,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import sfsync  # noqa: E402
 import sfsync.torch as sft  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))  # thread_ranks
 from thread_ranks import run_thread_ranks  # noqa: E402
 
 VOCAB, DIM, SEQ, BATCH = 29, 12, 16, 8

@@ -5,7 +5,11 @@ import os
 import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+# This folder holds torch/ (the tests of sfsync.torch): off sys.path, or where no
+# torch is installed `import torch` would find that folder (a namespace package).
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".")
+               != os.path.realpath(os.path.dirname(os.path.abspath(__file__)))]
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
 from sfsync.host_window import HostWindow  # noqa: E402
 
 

@@ -36,7 +36,8 @@ import torch.distributed as dist
 
 import sfsync.torch as sft
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))  # rank_checks
 from rank_checks import Checks, say  # noqa: E402
 
 K, S, N, G, LR = 6, 3, 2, 12, 0.05

@@ -17,7 +17,7 @@ import sys
 import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # test_binding
 import torch  # noqa: E402
 
 import sfsync  # noqa: E402

@@ -7,7 +7,7 @@ optimizer's stream waiting for the reduction, 2 ranks as threads on the
 stand-in NCCL.
 
     SF_STANDIN_LIB_DIR=build/standin/lib PYTHONPATH=python \\
-    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 python3 tests/python/test_device_ops.py -v
+    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 python3 tests/python/sfsync/torch/test_device_ops.py -v
 
 The stand-in is loaded by path (SF_CUDART_LIBRARY / SF_NCCL_LIBRARY for the
 plugin), which works beside pip torch's real libcudart.so.13 too. Without
@@ -20,7 +20,8 @@ import threading
 import unittest
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))  # standin_env
 from standin_env import STANDIN, needs_standin, require  # noqa: E402  (before sfsync)
 
 import torch  # noqa: E402

@@ -24,7 +24,8 @@ import torch.distributed as dist
 
 import sfsync.torch as sft
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sfsync",
+                                "torch"))  # test_checkpoint
 import test_checkpoint as tc  # noqa: E402  (the model, the data, the reference)
 
 

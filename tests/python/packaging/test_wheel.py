@@ -33,7 +33,7 @@ since issue 34):
    - test_binding.py, test_torch_single.py, test_torch_features.py,
      test_restart_state.py, test_bucket_plan_vs_torch.py;
      under torchrun (2 processes): torchrun_trainer.py --variant gradsync
-     (GradientSync through torch's store) and test_host_windows.py (the
+     (GradientSync through torch's store) and test_framework_loop_vs_ddp.py (the
      frameworks' loop against DDP)
      and wheel_smoke.py, each checked to import the venv's package;
 4. the older system: a minimal Debian 11 root (``debootstrap
@@ -84,7 +84,8 @@ import urllib.request
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+PY_TESTS = os.path.dirname(HERE)  # tests/python
+ROOT = os.path.dirname(os.path.dirname(PY_TESTS))
 sys.path.insert(0, HERE)
 from test_pip_install import copy_checkout, make_venv, python_facts  # noqa: E402
 
@@ -437,7 +438,7 @@ def torchrun_in_venv(vpy, work, pkg, script, args, ok_line):
     ok_line, and the workers' loader (LD_DEBUG=files: the OK lines do not
     name the library) opened the package's libsfsync.so.1 and no other."""
     ld = tempfile.mkdtemp(prefix="ld-", dir=work)
-    r = run([vpy, os.path.join(HERE, "run_torchrun.py"), "--python", vpy, "--env",
+    r = run([vpy, os.path.join(PY_TESTS, "support", "run_torchrun.py"), "--python", vpy, "--env",
              "LD_DEBUG=files", "--env", "LD_DEBUG_OUTPUT=" + os.path.join(ld, "ld"), "--",
              script] + list(args), timeout=200)
     opened = set()
@@ -503,16 +504,17 @@ def torch_venv(work, python, wheel):
     start = time.monotonic()
     probe = os.environ.get("SFSYNC_LAYOUT_PROBE")
     env = clean_env(**({"SFSYNC_LAYOUT_PROBE": probe} if probe and os.path.exists(probe) else {}))
-    in_venv_check(vpy, venv, os.path.join(HERE, "test_binding.py"), ["-v"], 200, env)
+    in_venv_check(vpy, venv, os.path.join(PY_TESTS, "sfsync", "test_binding.py"), ["-v"], 200, env)
     for suite in ("test_torch_single.py", "test_torch_features.py", "test_restart_state.py",
                   "test_bucket_plan_vs_torch.py"):
-        in_venv_check(vpy, venv, os.path.join(HERE, suite), ["-v"], 200)
-    torchrun_in_venv(vpy, work, pkg, os.path.join(HERE, "torchrun_trainer.py"),
+        in_venv_check(vpy, venv, os.path.join(PY_TESTS, "sfsync", "torch", suite), ["-v"], 200)
+    torchrun_in_venv(vpy, work, pkg, os.path.join(PY_TESTS, "support", "torchrun_trainer.py"),
                      ["--variant", "gradsync"], r"\[rank (\d)\] OK gradsync")
-    torchrun_in_venv(vpy, work, pkg, os.path.join(HERE, "test_host_windows.py"), [],
+    torchrun_in_venv(vpy, work, pkg,
+                     os.path.join(PY_TESTS, "sfsync", "torch", "test_framework_loop_vs_ddp.py"), [],
                      r"\[rank (\d)\] OK ddp-nosync")
     r = run(["unshare", "--net", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\"", vpy,
-             os.path.join(HERE, "wheel_smoke.py"), "--port", "29400"], timeout=120)
+             os.path.join(PY_TESTS, "support", "wheel_smoke.py"), "--port", "29400"], timeout=120)
     check(r.returncode == 0 and "SMOKE PASSED" in r.stdout and
           r.stdout.count("library=%s/libsfsync.so.1" % pkg) == 2,
           "wheel_smoke.py from the torch 2.x venv")
@@ -714,7 +716,7 @@ def smoke_in_root(work, wheel):
     stage = os.path.join(work, "stage")
     os.makedirs(stage)
     shutil.copy(wheel, stage)
-    shutil.copy(os.path.join(HERE, "wheel_smoke.py"), stage)
+    shutil.copy(os.path.join(PY_TESTS, "support", "wheel_smoke.py"), stage)
     control = needs_new_glibc(work)
     if control:
         shutil.copy(control, stage)

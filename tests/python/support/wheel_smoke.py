@@ -1,6 +1,6 @@
 """The installed wheel's smoke test: two ranks (two processes) doing raw-
 binding collectives through ctypes, with only the standard library (no numpy,
-no torch): what tests/python/test_wheel.py runs inside the minimal Debian root
+no torch): what tests/python/packaging/test_wheel.py runs inside the minimal Debian root
 (and, once more, from the torch 2.x venv that installed the wheel).
 
     python3 wheel_smoke.py [--timeout S]

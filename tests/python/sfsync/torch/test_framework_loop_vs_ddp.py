@@ -48,7 +48,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sfsync import torch as sft
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))  # rank_checks
 import rank_checks  # noqa: E402
 
 WINDOWS = (4, 4, 2)

@@ -5,7 +5,7 @@ verdict is the one expected for this torch (--expect-shim can: Debian's torch
 built into libtorch_cpu.so), checked against readelf's own DT_NEEDED where
 binutils is installed; the launcher lines are the library's discovery.
 
-    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 PYTHON tests/python/test_doctor.py --expect-shim can|cannot
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 PYTHON tests/python/sfsync/test_doctor.py --expect-shim can|cannot
 """
 
 import os

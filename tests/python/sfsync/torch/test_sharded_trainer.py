@@ -48,7 +48,8 @@ import sfsync
 from sfsync import shard
 from sfsync import torch as sft
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))  # rank_checks
 import rank_checks  # noqa: E402
 
 WINDOWS = (3, 2, 4)  # micro-batches per window: set_accumulation_steps between them
@@ -178,7 +179,7 @@ def run_sync(rank, world, c, case, layout, clip, unused):
     # overlap_step: the 0.3 windows these cases measure (per-bucket steps,
     # sharded: 1x the bytes, only this rank's range of .grad final; clipping
     # through opt.clip_grad_norm_). The default (every .grad final at
-    # is_step()) is test_host_windows.py's.
+    # is_step()) is test_framework_loop_vs_ddp.py's.
     opt = sync.optimizer(torch.optim.AdamW, groups_of(model), lr=0.01, overlap_step=True)
     c.that(isinstance(opt, torch.optim.Optimizer), "%s: not a torch.optim.Optimizer" % case)
     sched = schedule(opt)

@@ -1,7 +1,7 @@
 """Tests of the package's ctypes binding (python/sfsync) against the C ABI: every
 function's prototype and every struct layout checked against include/sfsync.h.
 
-    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_binding.py -v
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/sfsync/test_binding.py -v
 
 Needs only the standard library and numpy. The layout test compares the
 ctypes structs with the C compiler's view of include/sfsync.h: it runs the
@@ -22,8 +22,12 @@ import threading
 import unittest
 import uuid
 
+# This folder holds torch/ (the tests of sfsync.torch): off sys.path, or where no
+# torch is installed `import torch` would find that folder (a namespace package).
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".")
+               != os.path.realpath(os.path.dirname(os.path.abspath(__file__)))]
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
 
@@ -294,7 +298,8 @@ class StructLayout(unittest.TestCase):
             cls.tmp = tempfile.mkdtemp()
             probe = os.path.join(cls.tmp, "probe")
             subprocess.run([cc, "-std=c99", "-I", os.path.join(ROOT, "include"),
-                            os.path.join(HERE, "layout_probe.c"), "-o", probe], check=True)
+                            os.path.join(HERE, "..", "support", "layout_probe.c"), "-o", probe],
+                           check=True)
         out = subprocess.run([probe], check=True, capture_output=True, text=True).stdout
         cls.layout = json.loads(out)
 

@@ -19,7 +19,7 @@ torch again from there (bucket by bucket); where none does, sfsync's plan must
 be torch's single call as it is.
 
     PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 \
-        /usr/bin/python3 tests/python/test_bucket_plan_vs_torch.py -v
+        /usr/bin/python3 tests/python/sfsync/torch/test_bucket_plan_vs_torch.py -v
 """
 
 import inspect
@@ -27,7 +27,8 @@ import os
 import sys
 import unittest
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))
 

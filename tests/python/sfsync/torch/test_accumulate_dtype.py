@@ -8,7 +8,7 @@ cast, and bf16 accumulation (no accumulate_dtype) must differ from it (so
 the comparison can fail). Bad values are errors naming the argument.
 
     PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 \\
-    python3 tests/python/test_accumulate_dtype.py -v
+    python3 tests/python/sfsync/torch/test_accumulate_dtype.py -v
 """
 
 import os
@@ -16,7 +16,8 @@ import sys
 import unittest
 import uuid
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
@@ -24,6 +25,8 @@ import torch  # noqa: E402
 
 import sfsync  # noqa: E402
 import sfsync.torch as sft  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))  # thread_ranks
 from thread_ranks import run_thread_ranks  # noqa: E402
 
 MICRO, WINDOWS = 4, 2

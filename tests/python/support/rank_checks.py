@@ -1,4 +1,4 @@
-"""What the torchrun test scripts share (test_host_windows.py,
+"""What the torchrun test scripts share (test_framework_loop_vs_ddp.py,
 test_sharded_trainer.py): a rank's results on stderr (torchrun --tee 2), the
 checks it failed, and the end of the run."""
 

@@ -14,7 +14,7 @@ import unittest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "python"))
+                                "..", "..", "python"))
 from sfsync.torch import shard_boxes as sb  # noqa: E402
 
 SHAPES = [(7,), (3, 5), (4, 1), (1, 6), (2, 3, 4), (3, 2, 2, 3)]

@@ -10,7 +10,7 @@ shared Gloo to forward to and no layout the shim knows. Passes (printing the
 reason) while this torch's libtorch_cpu.so needs no libgloo.so.0; fails,
 saying that the shim's tests may apply now, when it does.
 
-    PYTHON tests/python/check_static_gloo.py
+    PYTHON tests/python/packaging/check_static_gloo.py
 """
 
 import os

@@ -16,7 +16,7 @@ cross-stream wait: the test counts each kind, exactly, and the stand-in
 rejects any wait on an event never recorded (a misuse fails the test).
 
     SF_STANDIN_LIB_DIR=build/standin/lib PYTHONPATH=python \\
-    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 python3 tests/python/test_device_path.py -v
+    SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 python3 tests/python/sfsync/torch/test_device_path.py -v
 """
 
 import os
@@ -25,7 +25,8 @@ import threading
 import unittest
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "support"))  # standin_env
 from standin_env import STANDIN, needs_standin, require  # noqa: E402  (before sfsync)
 
 import torch  # noqa: E402

@@ -14,7 +14,7 @@ import os
 import sys
 import unittest
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))
 

@@ -7,7 +7,7 @@ ncclCommResume). sfsync now loads pip torch's own copies first
 (this one's, so both torches), nothing of torch imported before the probe.
 
     PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 \\
-    python3 tests/python/test_nccl_probe_order.py -v
+    python3 tests/python/sfsync/test_nccl_probe_order.py -v
 """
 
 import os
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import unittest
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 
 PROBE = r"""
 import sys

@@ -1,7 +1,7 @@
 """Tests of the PyTorch integration (sfsync.torch) on one rank, plus two
 ranks as threads of this process (memory:// rendezvous).
 
-    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_torch_single.py
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/sfsync/torch/test_torch_single.py
 """
 
 import os
@@ -10,7 +10,8 @@ import threading
 import unittest
 import uuid
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
 

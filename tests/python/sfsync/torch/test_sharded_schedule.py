@@ -13,7 +13,7 @@ backward and the next forward goes.
 
 One rank (the order and the plan are the same at any world size); seconds.
 
-    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_sharded_schedule.py
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/sfsync/torch/test_sharded_schedule.py
 """
 
 import os
@@ -21,7 +21,8 @@ import sys
 import unittest
 from unittest import mock
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
 

@@ -4,7 +4,7 @@ parameters changed after attach, frozen parameters, initial broadcast and
 verify_every.
 
     PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 \
-        /usr/bin/python3 tests/python/test_torch_features.py -v
+        /usr/bin/python3 tests/python/sfsync/torch/test_torch_features.py -v
 """
 
 import os
@@ -13,7 +13,8 @@ import threading
 import unittest
 import uuid
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))
 

@@ -7,14 +7,15 @@ its last backward returns). With two or more buckets, and always when sharded
 (there overlap_step also drops the gradient gather: 1x the bytes instead of
 1.5x), it stays on. One rank; a second or so.
 
-    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/test_overlap_rule.py
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/sfsync/torch/test_overlap_rule.py
 """
 
 import os
 import sys
 import unittest
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
 if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
     sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
 

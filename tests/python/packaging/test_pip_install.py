@@ -46,7 +46,8 @@ import time
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+SUPPORT = os.path.join(os.path.dirname(HERE), "support")  # tests/python/support
 LIBS = ("libsfsync.so.1", "libsfsync_shim.so", "libsfsync_nccl.so")
 failures = []
 LINE_TABLES = "OFF"
@@ -221,7 +222,7 @@ def body(python, work):
           "venv: sfsync.library_path() = %s, inside the venv" % path)
 
     # 5. torchrun from the installed package
-    r = run([vpy, os.path.join(HERE, "run_restarts.py"), "--python", vpy, "--", "--variant",
+    r = run([vpy, os.path.join(SUPPORT, "run_restarts.py"), "--python", vpy, "--", "--variant",
              "gradsync"], timeout=200)
     oks = re.findall(r"\[rank \d\] OK .* library (\S+)", r.stdout)
     check(r.returncode == 0 and len(oks) == 2 and all(o == path for o in oks),
