@@ -214,14 +214,13 @@ void Context::restoreWindows(int64_t windowsCompleted) {
 
 void Context::gradReady(int64_t id) {
   checkId(id);
-  PassRef pass;
   int64_t nth = 0;
-  if (!clock_.gradReady(&pass, &nth)) {
+  if (!clock_.gradReady(&nth)) {
     // Inside a window nothing is communicated: counted, done.
     if (trace_) tracePass(true, nth);
     return;
   }
-  reducer_.markReady(id, pass);
+  reducer_.markReady(id, clock_);
   if (trace_) tracePass(false, nth);
 }
 
@@ -249,7 +248,7 @@ void Context::synchronize() {
   const double t0Us = trace_ ? Tracer::nowUs() : 0;
   bool weightless = false;
   try {
-    weightless = reducer_.synchronize(pass);
+    weightless = reducer_.synchronize(pass, clock_);  // closes the pass
   } catch (const Error& e) {
     if (trace_) {
       trace_->span(0, "synchronize", t0Us, Tracer::nowUs(),
@@ -257,7 +256,6 @@ void Context::synchronize() {
     }
     throw;
   }
-  clock_.synchronized(window);
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now() - t0)
                          .count();

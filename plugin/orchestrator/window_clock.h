@@ -47,7 +47,7 @@
 
 namespace sfsync {
 
-class WindowClock {
+class WindowClock final : public PassClock {
  public:
   bool inWindow() const { return inWindow_.load(std::memory_order_acquire); }
 
@@ -89,12 +89,12 @@ class WindowClock {
     windowsEnded_.fetch_add(1, std::memory_order_relaxed);
   }
   // A gradient reported ready: inside a window, counted and false
-  // (communicate nothing); outside, true with `*pass` the pass (opened if
-  // none is) whose reduction it belongs to. Either way `*nth` is its place
-  // among the grad-ready calls of the open window, or of those outside a
-  // window since the last synchronization (1, 2, ...: the trace's passes).
-  // Inline: the hot path of every hook.
-  bool gradReady(PassRef* pass, int64_t* nth) {
+  // (communicate nothing); outside, true (the reducer then asks openPass(),
+  // under its lock, for the pass its reduction belongs to). Either way
+  // `*nth` is its place among the grad-ready calls of the open window, or of
+  // those outside a window since the last synchronization (1, 2, ...: the
+  // trace's passes). Inline: the hot path of every hook.
+  bool gradReady(int64_t* nth) {
     if (!hostReportsReady_.load(std::memory_order_relaxed)) {
       hostReportsReady_.store(true, std::memory_order_relaxed);
     }
@@ -104,8 +104,6 @@ class WindowClock {
       return false;
     }
     *nth = readyOutsideSinceSync_.fetch_add(1, std::memory_order_relaxed) + 1;
-    if (!passOpen_.load(std::memory_order_relaxed)) passOpen_.store(true, std::memory_order_relaxed);
-    *pass = PassRef{syncs_.load(std::memory_order_relaxed) + 1, true, current()};
     return true;
   }
   // The window a synchronization now would complete (the rules above).
@@ -118,6 +116,13 @@ class WindowClock {
   // The synchronization of window `number` (what claim() returned) succeeded:
   // it closes the pass.
   void synchronized(int64_t number);
+  // PassClock, called by the reducer under its lock (pass_ref.h): a
+  // grad-ready's pass, opened if none is; synchronized(pass.window).
+  PassRef openPass() override {
+    if (!passOpen_.load(std::memory_order_relaxed)) passOpen_.store(true, std::memory_order_relaxed);
+    return PassRef{syncs_.load(std::memory_order_relaxed) + 1, true, current()};
+  }
+  void passSynchronized(const PassRef& pass) override { synchronized(pass.window); }
 
   // ---- Passes (pass_ref.h) ------------------------------------------------
   // The pass under way, or the last one (see "Passes" above).

@@ -11,6 +11,14 @@
 // the last successful synchronization, and closes when that synchronization
 // succeeds. Passes are numbered 1, 2, ... in this process (a restored run
 // renumbers windows, not passes).
+//
+// The two moments that hook threads and the training thread can race on, a
+// grad-ready opening a pass and a synchronization closing it, happen under
+// the reducer's lock, through PassClock: a grad-ready can then never be
+// handed a pass that a synchronization closed after the hook read the clock
+// (its reduction would go to the closed pass, or the passes would run
+// backwards between two hooks). The other calls come from the training
+// thread, which is the only one that closes passes, and take a PassRef.
 
 #include <cstdint>
 
@@ -24,6 +32,18 @@ struct PassRef {
   // The window number its synchronization sends (checked across ranks by
   // the window check), or the last synchronized window's when !open.
   int64_t window = 0;
+};
+
+// The clock as the reducer sees it (WindowClock implements it).
+class PassClock {
+ public:
+  // The pass under way, opened if none is (a grad-ready outside a window).
+  virtual PassRef openPass() = 0;
+  // The synchronization of `pass` succeeded: the pass closes.
+  virtual void passSynchronized(const PassRef& pass) = 0;
+
+ protected:
+  ~PassClock() = default;
 };
 
 }  // namespace sfsync

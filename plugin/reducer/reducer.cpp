@@ -58,7 +58,7 @@ bool Reducer::inFlight() const {
   return nextToStart_ > 0;
 }
 
-void Reducer::markReady(int64_t id, const PassRef& pass) {
+void Reducer::markReady(int64_t id, PassClock& clock) {
   std::lock_guard<std::mutex> lock(mutex_);
   throwIfFailed();
   buildLocked();
@@ -67,6 +67,7 @@ void Reducer::markReady(int64_t id, const PassRef& pass) {
     fail(SF_ERR_INVALID_STATE, "gradient " + std::to_string(id) + " ('" + g.name +
                                    "') was already reported ready since the last sf_synchronize");
   }
+  const PassRef pass = clock.openPass();
   enterPassLocked(pass.number);
   g.ready = true;
   cycles_[size_t(g.bucket)].gradientReported();
@@ -231,7 +232,7 @@ void Reducer::waitBucket(int64_t bucket, const PassRef& pass) {
   waitBucketLocked(size_t(bucket), pass);
 }
 
-bool Reducer::synchronize(const PassRef& pass) {
+bool Reducer::synchronize(const PassRef& pass, PassClock& clock) {
   std::lock_guard<std::mutex> lock(mutex_);
   startAllLocked(pass);
   for (size_t i = 0; i < cycles_.size(); ++i) {
@@ -249,6 +250,7 @@ bool Reducer::synchronize(const PassRef& pass) {
   for (auto& g : grads_) g.ready = false;
   for (auto& c : cycles_) c.reportsCleared();
   nextToStart_ = 0;  // the results stay this pass's until the next one opens
+  clock.passSynchronized(pass);
   return totals_.weighted() && totals_.hasTotals() && totals_.totals().weight == 0.0;
 }
 

@@ -124,17 +124,19 @@ class Reducer {
   // as inFlight(). markReady and the synchronizations enter their pass
   // themselves.
   bool beginPass(int64_t pass);
-  // Outside a window: mark `id` ready, start complete buckets in order.
-  void markReady(int64_t id, const PassRef& pass);
+  // Outside a window: mark `id` ready in the pass `clock` opens (asked
+  // under the lock), start complete buckets in order.
+  void markReady(int64_t id, PassClock& clock);
   // Start every bucket not yet started (sf_synchronize_start).
   void synchronizeStart(const PassRef& pass);
   // Wait for one bucket's reduction of `pass` and put its results in place.
   void waitBucket(int64_t bucket, const PassRef& pass);
   // Start every bucket not yet started, wait for all, scatter results; then
-  // SF_ERR_MISMATCH on every rank if the ranks' window numbers differ.
-  // Weighted windows: true when the window's global weight was 0 (its
-  // buckets were left as the plain sums).
-  bool synchronize(const PassRef& pass);
+  // SF_ERR_MISMATCH on every rank if the ranks' window numbers differ. Once
+  // it succeeded, and still under the lock, `clock` closes the pass
+  // (passSynchronized). Weighted windows: true when the window's global
+  // weight was 0 (its buckets were left as the plain sums).
+  bool synchronize(const PassRef& pass, PassClock& clock);
   bool inFlight() const;
 
   // ---- Weighted windows (window_totals.h) -----------------------------------

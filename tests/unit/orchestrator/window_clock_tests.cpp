@@ -14,11 +14,11 @@ using namespace sfsync;
 
 namespace {
 
-// grad-ready as the Context calls it: the window number, or -1 inside a window.
+// grad-ready as the Context and the reducer call it: the window number of
+// the pass it opens (or joins), or -1 inside a window.
 int64_t ready(WindowClock& c) {
-  PassRef p;
   int64_t nth = 0;
-  return c.gradReady(&p, &nth) ? p.window : -1;
+  return c.gradReady(&nth) ? c.openPass().window : -1;
 }
 
 // One accumulation window of `passes` micro-batches of `grads` gradients.
@@ -270,13 +270,14 @@ BOOST_AUTO_TEST_CASE(passes_open_at_the_first_call_and_close_at_their_synchroniz
   PassRef p;
   int64_t nth = 0;
   for (int64_t k = 1; k <= 4; ++k) {
-    BOOST_TEST(!c.gradReady(&p, &nth));
+    BOOST_TEST(!c.gradReady(&nth));
     BOOST_TEST(nth == k);  // the window's grad-ready calls
   }
   c.end(2);
   for (int64_t k = 1; k <= 2; ++k) {
-    BOOST_TEST(c.gradReady(&p, &nth));
+    BOOST_TEST(c.gradReady(&nth));
     BOOST_TEST(nth == k);  // those outside, since the last synchronization
+    p = c.openPass();      // as the reducer asks, under its lock
     BOOST_TEST(p.number == 1);
     BOOST_TEST(p.open);
     BOOST_TEST(p.window == 11);
@@ -284,13 +285,13 @@ BOOST_AUTO_TEST_CASE(passes_open_at_the_first_call_and_close_at_their_synchroniz
   const PassRef claimed = c.claim();
   BOOST_TEST(claimed.number == 1);
   BOOST_TEST(claimed.window == 11);
-  c.synchronized(claimed.window);
+  c.passSynchronized(claimed);  // as the reducer closes it, under its lock
   is(1, false, 11);  // closed: its results stay the current ones
   BOOST_TEST(c.nextPass() == 2);
   // Pass 2: opened by a grad-ready outside a window (no begin).
-  BOOST_TEST(c.gradReady(&p, &nth));
+  BOOST_TEST(c.gradReady(&nth));
   BOOST_TEST(nth == 1);
-  BOOST_TEST(p.number == 2);
+  BOOST_TEST(c.openPass().number == 2);
   is(2, true, 12);
   c.synchronized(c.claim().window);
   // Pass 3: opened by the claim of an extra synchronization (the host
