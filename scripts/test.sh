@@ -8,20 +8,25 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 # Each phase says how long it took (the goal, issue 34: at most 15 minutes
-# on a 2-core machine after the demo, the torch venv made) and the CPU time
-# its processes used (user + system of the children this shell waited for:
-# the 2 cores give 2 CPU-s a second).
+# on a 2-core machine after the demo, the torch venv made) and how busy the
+# machine's cores were meanwhile (CPU-s from /proc/stat: the background jobs'
+# work too, which each job also logs as its own).
 ticks=$(getconf CLK_TCK)
-cpu_now() {  # cpu: this (sub)shell's waited-for children's CPU time, in ticks
+cpu_now() {  # cpu: the machine's busy CPU time so far, every core, in ticks
+  local _c user nice system _idle _iowait irq softirq steal
+  read -r _c user nice system _idle _iowait irq softirq steal _ < /proc/stat
+  cpu=$((user + nice + system + irq + softirq + steal))
+}
+own_cpu() {  # cpu: this subshell's own children's CPU time (the background jobs), in ticks
   local st
   read -r -a st < "/proc/$BASHPID/stat"
   cpu=$((st[15] + st[16]))
 }
 cpu_now
-phase_start=$SECONDS phase_cpu=$cpu
+phase_start=$SECONDS phase_cpu=$cpu start_cpu=$((cpu / ticks))
 took() {
   cpu_now
-  echo "   ($1: $((SECONDS - phase_start)) s, $(((cpu - phase_cpu) / ticks)) CPU-s)"
+  echo "   ($1: $((SECONDS - phase_start)) s, $(((cpu - phase_cpu) / ticks)) CPU-s busy)"
   phase_start=$SECONDS phase_cpu=$cpu
 }
 
@@ -72,7 +77,8 @@ build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
 #   them built; tests/fuzz/run.sh).
 # Each logs into its tree; a failure is reported when its result is needed.
 mkdir -p build build-asan
-( cpu_now; phase_start=$SECONDS phase_cpu=$cpu  # this job's own
+( cpu_now() { own_cpu; }  # this job's own CPU
+  cpu_now; phase_start=$SECONDS phase_cpu=$cpu
   python3 tests/python/packaging/test_wheel.py --prebuild build/wheel-prebuilt || exit
   took "the wheel's prebuild" ) > build/wheel-prebuilt.log 2>&1 &
 wheel_pid=$!
@@ -80,7 +86,8 @@ wheel_pid=$!
 # start fuzz_build: held (fd 7) by the background builds until that tree is built.
 exec 7> build-asan.lock
 flock 7
-( cpu_now; phase_start=$SECONDS phase_cpu=$cpu  # this job's own
+( cpu_now() { own_cpu; }  # this job's own CPU
+  cpu_now; phase_start=$SECONDS phase_cpu=$cpu
   chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: these builds run at normal priority"
   build_unit build-asan "sf_unit_tests sf_fuzzers" -DSF_SANITIZE=address -DSF_FUZZERS=ON
   flock -u 7
@@ -117,18 +124,11 @@ echo "== tests: everything"
 (cd build && ctest -j "$jobs" --output-on-failure)
 took "tests: everything"
 
-# The background jobs' CPU joins this shell's as they are waited for: said
-# apart (each job logs its own), not charged to the phase below.
-cpu_now
-waited_from=$cpu
 wait "$wheel_pid" || true  # its failure is the wheel test's (it then built its own)
 grep -E "^   \(the wheel's prebuild" build/wheel-prebuilt.log || true
 echo "== the sanitizer trees (built in the background; the rest of their build now)"
 wait "$background_pid" || { cat build/background-builds.log; exit 1; }
 grep -E '^   \(build |check_unit_targets' build/background-builds.log || true
-cpu_now
-echo "   (the background jobs: $(((cpu - waited_from) / ticks)) CPU-s in all)"
-phase_cpu=$((phase_cpu + cpu - waited_from))
 took "sanitizer builds, what was left of them"
 
 echo "== tests: AddressSanitizer + UBSan"
@@ -138,3 +138,5 @@ took "tests: ASan + UBSan"
 echo "== tests: ThreadSanitizer"
 (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" ctest -j "$jobs" -L unit --output-on-failure)
 took "tests: TSan"
+cpu_now
+echo "   (in all: $SECONDS s, $((cpu / ticks - start_cpu)) CPU-s busy of $((jobs * SECONDS)) on $jobs cores)"
