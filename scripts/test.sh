@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the full suite (plugin, tools, samples; the Python suites
 # under Debian's torch 1.13 and pip's newest torch 2.x) in a normal build,
-# and the plugin's unit suites again under AddressSanitizer + UBSan and
-# under ThreadSanitizer (two tests of the normal run: sanitizer_unit_build-asan
-# and sanitizer_unit_build-tsan). Installs what is missing first.
+# then the plugin suites again under AddressSanitizer + UBSan and under
+# ThreadSanitizer. Installs what is missing first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -77,29 +76,25 @@ build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
 #   fuzz_build, pointed at it by SF_FUZZ_DIR, waits for its lock and finds
 #   them built; tests/fuzz/run.sh).
 # Each logs into its tree; a failure is reported when its result is needed.
-mkdir -p build build-asan build-tsan
+mkdir -p build build-asan
 ( cpu_now() { own_cpu; }  # this job's own CPU
   cpu_now; phase_start=$SECONDS phase_cpu=$cpu
   python3 tests/python/packaging/test_wheel.py --prebuild build/wheel-prebuilt || exit
   took "the wheel's prebuild" ) > build/wheel-prebuilt.log 2>&1 &
 wheel_pid=$!
-# The sanitizer trees' locks (tests/fuzz/run.sh's for the ASan tree, and
-# tests/support/run_sanitizer_suites.sh's), taken here, before ctest can
-# start a test that waits for them: held (fds 7 and 6) by the background
-# builds until each tree is built.
-exec 7> build-asan.lock 6> build-tsan.lock
+# The ASan tree's lock (tests/fuzz/run.sh's), taken here, before ctest can
+# start fuzz_build: held (fd 7) by the background builds until that tree is built.
+exec 7> build-asan.lock
 flock 7
-flock 6
 ( cpu_now() { own_cpu; }  # this job's own CPU
   cpu_now; phase_start=$SECONDS phase_cpu=$cpu
   chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: these builds run at normal priority"
   build_unit build-asan "sf_unit_tests sf_fuzzers" -DSF_SANITIZE=address -DSF_FUZZERS=ON
   flock -u 7
   exec 7>&-
-  build_unit build-tsan sf_unit_tests -DSF_SANITIZE=thread
-  flock -u 6 ) > build/background-builds.log 2>&1 &
+  build_unit build-tsan sf_unit_tests -DSF_SANITIZE=thread ) > build/background-builds.log 2>&1 &
 background_pid=$!
-exec 7>&- 6>&-  # the background builds hold the locks now
+exec 7>&-  # the background builds hold the lock now
 # An early exit (a failed build) takes them down with it.
 kill_tree() {
   local c
@@ -124,13 +119,9 @@ python3 tests/python/packaging/test_wheel.py --prepare | tail -1 || true
 bash scripts/docs-venv.sh | tail -1 || echo "== scripts/docs-venv.sh failed: docs_site cannot run"
 took "packages, torch2 venv, the wheel test's tools and root, the docs venv"
 
-build build "${normal_tree[@]}" -DSF_PYTHON_TORCH2="$torch2" -DSF_FUZZ_DIR="$PWD/build-asan" \
-  -DSF_SANITIZER_TREES="$PWD/build-asan;$PWD/build-tsan"
-echo "== tests: everything (the sanitizer trees' unit suites last, each as one test)"
+build build "${normal_tree[@]}" -DSF_PYTHON_TORCH2="$torch2" -DSF_FUZZ_DIR="$PWD/build-asan"
+echo "== tests: everything"
 (cd build && ctest -j "$jobs" --output-on-failure)
-for t in asan tsan; do
-  echo "   build-$t: $(grep -E 'tests passed|tests failed' build-$t/unit-suites.log)"
-done
 took "tests: everything"
 
 wait "$wheel_pid" || true  # its failure is the wheel test's (it then built its own)
@@ -138,5 +129,14 @@ grep -E "^   \(the wheel's prebuild" build/wheel-prebuilt.log || true
 echo "== the sanitizer trees (built in the background; the rest of their build now)"
 wait "$background_pid" || { cat build/background-builds.log; exit 1; }
 grep -E '^   \(build |check_unit_targets' build/background-builds.log || true
+took "sanitizer builds, what was left of them"
+
+echo "== tests: AddressSanitizer + UBSan"
+(cd build-asan && ctest -j "$jobs" -L unit --output-on-failure)
+took "tests: ASan + UBSan"
+
+echo "== tests: ThreadSanitizer"
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" ctest -j "$jobs" -L unit --output-on-failure)
+took "tests: TSan"
 cpu_now
 echo "   (in all: $SECONDS s, $((cpu / ticks - start_cpu)) CPU-s busy of $((jobs * SECONDS)) on $jobs cores)"
