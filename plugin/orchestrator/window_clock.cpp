@@ -22,8 +22,7 @@ int64_t WindowClock::current() const {
 
 PassRef WindowClock::claim() {
   claimed_.store(true, std::memory_order_relaxed);
-  passOpen_.store(true, std::memory_order_relaxed);
-  return PassRef{syncs_.load(std::memory_order_relaxed) + 1, true, current()};
+  return openPass();
 }
 
 PassRef WindowClock::pass() const {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/expect_error.h"
 #include "plugin/core/error.h"
 #include "plugin/reducer/bucket_state.h"
 
@@ -53,16 +54,7 @@ BucketCycle cycleIn(S target, int* waits) {
 
 // Runs `f`, which must fail with SF_ERR_INTERNAL naming bucket 7.
 void expectInternal(const std::function<void()>& f, const std::string& mentions) {
-  try {
-    f();
-  } catch (const Error& e) {
-    BOOST_TEST(e.status() == SF_ERR_INTERNAL);
-    const std::string m = e.what();
-    BOOST_TEST(m.find("bucket 7") != std::string::npos, m);
-    BOOST_TEST(m.find(mentions) != std::string::npos, m);
-    return;
-  }
-  BOOST_ERROR("no SF_ERR_INTERNAL (expected one mentioning '" + mentions + "')");
+  sftest::expectError(f, SF_ERR_INTERNAL, {"bucket 7", mentions});
 }
 
 }  // namespace

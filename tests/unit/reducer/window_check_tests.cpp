@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/expect_error.h"
 #include "plugin/backend/backend.h"
 #include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
@@ -180,16 +181,7 @@ struct Rank {
 // `f` must throw SF_ERR_MISMATCH whose message contains every fragment.
 template <typename F>
 std::string expectMismatch(F f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-  } catch (const Error& e) {
-    BOOST_TEST(e.status() == SF_ERR_MISMATCH, e.what());
-    const std::string m = e.what();
-    for (const auto& s : fragments) BOOST_TEST(m.find(s) != std::string::npos, "'" << s << "' in: " << m);
-    return m;
-  }
-  BOOST_ERROR("no SF_ERR_MISMATCH");
-  return "";
+  return sftest::expectError(f, SF_ERR_MISMATCH, fragments);
 }
 
 }  // namespace
