@@ -131,12 +131,15 @@ wait "$background_pid" || { cat build/background-builds.log; exit 1; }
 grep -E '^   \(build |check_unit_targets' build/background-builds.log || true
 took "sanitizer builds, what was left of them"
 
-echo "== tests: AddressSanitizer + UBSan"
-(cd build-asan && ctest -j "$jobs" -L unit --output-on-failure)
-took "tests: ASan + UBSan"
-
-echo "== tests: ThreadSanitizer"
-(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../tests/tsan.supp" ctest -j "$jobs" -L unit --output-on-failure)
-took "tests: TSan"
+# The two trees' unit suites in one ctest pool (tests/support/pool_ctest_trees.py:
+# each test named asan:NAME or tsan:NAME), so that neither tree's tail leaves
+# a core idle: 104 s against 58 + 75 one tree after the other.
+echo "== tests: AddressSanitizer + UBSan (asan:*) and ThreadSanitizer (tsan:*), one pool"
+rm -rf build/sanitizer-pool
+python3 tests/support/pool_ctest_trees.py build/sanitizer-pool build-asan=asan build-tsan=tsan
+(cd build/sanitizer-pool &&
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../../tests/tsan.supp" \
+  ctest -j "$jobs" -L unit --output-on-failure)
+took "tests: ASan + UBSan and TSan"
 cpu_now
 echo "   (in all: $SECONDS s, $((cpu / ticks - start_cpu)) CPU-s busy of $((jobs * SECONDS)) on $jobs cores)"
