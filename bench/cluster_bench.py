@@ -164,15 +164,30 @@ def cluster_ready(rates):
     return chk.returncode
 
 
-def draw_panel(ax, recs, variants, order, style, title):
+def draw_panel(ax, recs, variants, order, style, title, band=None, bound=None):
     """One panel: ms/window of each variant (that has points) over the link
     rates in ``order``, log scale; style maps a variant to (colour, marker,
-    line style)."""
+    line style). band: a result key holding [median, lo, hi] drawn as a
+    shaded band around the variant's line; bound: (variant, result key,
+    label) drawn as a black line (e.g. a variant's window bound)."""
     for v in variants:
         xs, ys = series(recs, v, order)
-        if xs:
-            c, m, ls = style.get(v, ("k", ".", "-"))
-            ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
+        if not xs:
+            continue
+        c, m, ls = style.get(v, ("k", ".", "-"))
+        ax.plot(xs, ys, color=c, marker=m, linestyle=ls, label=v)
+        if band:
+            iv = [res[band] for rate in order for res in recs.get(rate, {}).get("results", [])
+                  if res["variant"] == v and res.get(band)]
+            if len(iv) == len(xs):
+                ax.fill_between(xs, [x[1] for x in iv], [x[2] for x in iv], color=c, alpha=0.15)
+    if bound:
+        v, key, label = bound
+        pts = [(i, res[key]) for i, rate in enumerate(order)
+               for res in recs.get(rate, {}).get("results", [])
+               if res["variant"] == v and res.get(key) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color="k", linewidth=2, label=label)
     ax.set_xticks(range(len(order)))
     ax.set_xticklabels(order)
     ax.set_yscale("log")

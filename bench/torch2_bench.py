@@ -84,6 +84,7 @@ import gc
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -93,10 +94,15 @@ from cluster_bench import (RATES, ROOT, draw_panel, run_grid, run_ranks,  # noqa
                            write_results)
 
 TORCH2 = "/root/.cache/sfsync/venv-torch2/bin/python"
-VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused", "fsdp2_reshard",
-            "fsdp2_keep", "zero_ddp", "sfsync_sharded", "sfsync_final", "sfsync_perbucket"]
+VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused", "ddp_fused_cap25",
+            "ddp_fused_capsf", "ddp_overlap", "fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring",
+            "zero_ddp", "sfsync_sharded", "sfsync_sharded_final", "sfsync_perbucket",
+            "sfsync_final"]
 COMPUTE = ("compute_only", "compute_only_shard")
-SHARDED = ("compute_only_shard", "fsdp2_reshard", "fsdp2_keep", "zero_ddp", "sfsync_sharded")
+SHARDED = ("compute_only_shard", "fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring", "zero_ddp",
+           "sfsync_sharded", "sfsync_sharded_final")
+DDPS = ("ddp_foreach", "ddp_fused", "ddp_fused_cap25", "ddp_fused_capsf")  # "best DDP" of these
+NOT_FUSED = ("ddp_foreach",)  # the foreach reference (the weight check's)
 MODELS = ["mlp", "transformer"]
 LR, WD = 1e-3, 0.01
 
@@ -107,13 +113,23 @@ def parse_args(argv=None):
     p.add_argument("--rates", nargs="+", default=["1gbit", "200mbit", "10gbit", "loopback"])
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     p.add_argument("--variants", nargs="+", default=VARIANTS)
-    p.add_argument("--rounds", type=int, default=5, help="rounds of blocks")
-    p.add_argument("--block", type=int, default=3, help="windows per block (the first untimed)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs: rounds of blocks, the variants' order rotated each round")
+    p.add_argument("--windows", type=int, default=50,
+                   help="timed windows per block, back to back (one untimed before them)")
+    p.add_argument("--no-fused", dest="fused", action="store_false",
+                   help="AdamW(foreach=True) everywhere (default: fused=True but ddp_foreach)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin rank r to core r %% cores")
+    p.add_argument("--seed", type=int, default=35, help="the bootstrap's seed")
+    p.add_argument("--grid", action="store_true",
+                   help="the issue-35 grid (see the module docstring): prints its plan and "
+                        "estimate, then runs it")
+    p.add_argument("--estimate", action="store_true", help="with --grid: the plan only")
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--bucket-cap-mb", type=float, default=None,
-                   help="sfsync's and DDP's bucket cap (default: each its own: DDP 25 MiB, "
-                        "sfsync 25 MiB unsharded and GradientSync's sharded rule, "
-                        "sharded_bucket_cap_mb)")
+                   help="sfsync's bucket cap (default: its own: 25 MiB unsharded, "
+                        "sharded_bucket_cap_mb sharded); DDP's caps are per variant")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="max abs weight difference from ddp_foreach")
     p.add_argument("--fault", default=None, help="this variant gets 1.5x the learning rate")
@@ -142,10 +158,10 @@ def parse_args(argv=None):
         p.error("--variants must include ddp_foreach (the reference of the check and ratios)")
     if a.fault is not None and a.fault not in a.variants:
         p.error("--fault: %r is not one of --variants" % a.fault)
-    if a.block < 2 or a.rounds < 1:
-        p.error("--block must be >= 2 and --rounds >= 1, got %d and %d" % (a.block, a.rounds))
+    if a.windows < 1 or a.rounds < 1:
+        p.error("--windows and --rounds must be >= 1, got %d and %d" % (a.windows, a.rounds))
     if a.smoke:
-        a.hosts, a.rates, a.rounds, a.block, a.small = [2], ["loopback"], 1, 2, True
+        a.hosts, a.rates, a.rounds, a.windows, a.small = [2], ["loopback"], 2, 1, True
         a.micro_batches = 2
     return a
 
@@ -291,6 +307,63 @@ def nic_bytes():
 # ---- the variants --------------------------------------------------------------------
 
 
+class RingReduceScatter:
+    """FSDP2's reduce-scatter at ring bytes on Gloo, through its public hook
+    (FSDPModule.set_custom_reduce_scatter): one all_to_all_single of the W
+    chunks, then a local sum ((W-1)/W of the buffer each way, as a ring;
+    torch's Gloo reduce_scatter_tensor is an all-reduce of the whole buffer).
+    Counts its bytes into WIRE[0] when set."""
+
+    def allocate(self, size, *, dtype, device):
+        import torch
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        import torch
+        import torch.distributed as dist
+        w = group.size()
+        buf = torch.empty_like(input_tensor)
+        dist.all_to_all_single(buf, input_tensor, group=group)
+        torch.sum(buf.view(w, -1), 0, out=output_tensor)
+        if op == dist.ReduceOp.AVG:
+            output_tensor.div_(w)
+        elif op != dist.ReduceOp.SUM:
+            raise RuntimeError("RingReduceScatter: op %r (FSDP2 asks SUM or AVG for fp32)" % (op,))
+        if WIRE[0] is not None:
+            WIRE[0].bytes += (w - 1) / w * _nbytes(input_tensor)
+            WIRE[0].calls["ring_reduce_scatter"] = WIRE[0].calls.get("ring_reduce_scatter", 0) + 1
+        return None
+
+
+WIRE = [None]  # the run's Wire counter (RingReduceScatter adds its bytes)
+
+
+class _OverlapStep:
+    """ddp_overlap's optimizer: DDP steps each parameter in its bucket's comm
+    hook (_register_fused_optim); step() has nothing left, zero_grad() drops
+    the gradients as AdamW's default does."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def step(self):
+        pass
+
+    def zero_grad(self):
+        self.module.zero_grad(set_to_none=True)
+
+
+def ddp_cap_mb(variant, model):
+    """The bucket_cap_mb a DDP variant passes (None: torch's default, with
+    its small first bucket)."""
+    if variant == "ddp_fused_cap25":
+        return 25.0
+    if variant == "ddp_fused_capsf":
+        from sfsync.torch.gradient_sync import sharded_bucket_cap_mb
+        return sharded_bucket_cap_mb(list(model.parameters()))
+    return None
+
+
 class Runner:
     def __init__(self, variant, base, a, world, rank):
         import contextlib
@@ -302,8 +375,11 @@ class Runner:
         self.sync = self.ddp = self.fsdp = None
         self.nullctx = contextlib.nullcontext
         lr = LR * (1.5 if a.fault == variant else 1.0)
-        kw = dict(lr=lr, weight_decay=WD, foreach=True)
+        self.fused = a.fused and variant not in NOT_FUSED
+        kw = dict(lr=lr, weight_decay=WD, foreach=None if self.fused else True,
+                  fused=True if self.fused else None)
         self.module = self.model
+        self.config = {"optimizer": "AdamW(fused=True)" if self.fused else "AdamW(foreach=True)"}
         if variant.startswith("compute_only"):
             params = list(self.model.parameters())
             if variant == "compute_only_shard":
@@ -320,32 +396,52 @@ class Runner:
             from sfsync import torch as sft
             if a.trace:
                 os.environ["SF_TRACE"] = os.path.join(a.trace, "%s-%s.json" % (a.model, variant))
+            sharded = variant.startswith("sfsync_sharded")
             self.sync = sft.GradientSync(self.model, accumulation_steps=self.n,
                                          bucket_cap_mb=a.bucket_cap_mb,
                                          find_unused_parameters=False,
-                                         shard_optimizer=variant == "sfsync_sharded",
-                                         shard_layout="flat")
+                                         shard_optimizer=sharded, shard_layout="flat")
             os.environ.pop("SF_TRACE", None)
+            overlap = variant in ("sfsync_sharded", "sfsync_perbucket")
             self.opt = self.sync.optimizer(torch.optim.AdamW, self.model.parameters(),
-                                           overlap_step=variant != "sfsync_final", **kw)
+                                           overlap_step=overlap, **kw)
+            self.config.update(shard_optimizer=sharded, overlap_step=overlap)
         elif variant.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
-            keep = variant == "fsdp2_keep"
-            for m in fsdp_units(self.kind, self.model):
+            keep = variant.startswith("fsdp2_keep")
+            units = fsdp_units(self.kind, self.model)
+            for m in units:
                 fully_shard(m, reshard_after_forward=not keep)
             self.fsdp = fully_shard(self.model, reshard_after_forward=not keep)
+            self.ring = variant.endswith("_ring")
+            if self.ring:
+                rs = RingReduceScatter()
+                for m in units + [self.model]:
+                    m.set_custom_reduce_scatter(rs)
             self.opt = torch.optim.AdamW(self.model.parameters(), **kw)
+            self.config.update(reshard_after_forward=not keep, units=len(units) + 1,
+                               reduce_scatter="ring (all_to_all)" if self.ring else "torch's")
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            self.ddp = DDP(self.model, bucket_cap_mb=a.bucket_cap_mb or 25.0)
+            cap = ddp_cap_mb(variant, self.model)
+            # static_graph=True is left off: in torch 2.15 DDP(static_graph=True)
+            # with no_sync() on the first window fails in backward
+            # ("expect_autograd_hooks_ INTERNAL ASSERT FAILED", reducer.cpp).
+            self.ddp = DDP(self.model, gradient_as_bucket_view=True,
+                           **({} if cap is None else {"bucket_cap_mb": cap}))
             self.module = self.ddp
+            self.config.update(bucket_cap_mb=cap, gradient_as_bucket_view=True,
+                               static_graph=False)
             if variant == "zero_ddp":
                 from torch.distributed.optim import ZeroRedundancyOptimizer
                 self.opt = ZeroRedundancyOptimizer(self.ddp.parameters(),
                                                    optimizer_class=torch.optim.AdamW, **kw)
-            elif variant == "ddp_fused":
-                self.opt = torch.optim.AdamW(self.ddp.parameters(), **dict(kw, foreach=None,
-                                                                              fused=True))
+            elif variant == "ddp_overlap":
+                # DDP's own overlapped optimizer: each bucket's parameters
+                # step in its comm hook when its all-reduce completes.
+                self.ddp._register_fused_optim(torch.optim.AdamW, **kw)
+                self.opt = _OverlapStep(self.ddp)
+                self.config["optimizer"] += " per parameter in DDP's comm hook"
             else:
                 self.opt = torch.optim.AdamW(self.ddp.parameters(), **kw)
         self.dist = dist
@@ -356,7 +452,7 @@ class Runner:
             last = i == n - 1
             if self.fsdp is not None:
                 self.fsdp.set_requires_gradient_sync(last)
-                if self.variant == "fsdp2_keep":
+                if self.variant.startswith("fsdp2_keep"):
                     # the parameters stay whole through the window: one gather
                     self.fsdp.set_reshard_after_backward(last)
             ctx = self.ddp.no_sync() if self.ddp is not None and not last else self.nullctx()
@@ -387,8 +483,9 @@ class Runner:
             out.append(t.reshape(-1).clone())
         return torch.cat(out)
 
-    def wire_bytes_per_window(self, windows, wire):
-        """Per-rank bytes in the busier direction per window (see the module docstring)."""
+    def wire_bytes_per_window(self, windows, wire, counted):
+        """Per-rank bytes in the busier direction per window (see the module
+        docstring); windows: all it ran, counted: those the Wire counter saw."""
         f = (self.world - 1) / self.world
         if self.variant in COMPUTE:
             return 0.0
@@ -397,16 +494,15 @@ class Runner:
             if st["windows_completed"] != windows:
                 raise RuntimeError("%s: %d windows completed, %d run" % (
                     self.variant, st["windows_completed"], windows))
-            if self.variant == "sfsync_sharded":
+            if self.variant.startswith("sfsync_sharded"):
                 return f * (st["bytes_reduced"] + st["bytes_gathered"]) / windows
             return 2 * f * st["bytes_reduced"] / windows
+        b = 0.0
         if self.fsdp is not None or self.variant == "zero_ddp":
-            b = wire[self.variant]
-        else:
-            b = 0
+            b = wire[self.variant] / counted
         if self.ddp is not None:
-            b += 2 * f * self.ddp_bucket_bytes() * windows
-        return b / windows
+            b += 2 * f * self.ddp_bucket_bytes()
+        return b
 
     def ddp_bucket_bytes(self):
         data = self.ddp._get_ddp_logging_data()
@@ -441,6 +537,53 @@ def _clone(model):
     return twin
 
 
+def pin_rank(pin):
+    """Pins this process to core RANK % (cores it may use) (taskset's
+    sched_setaffinity; rank from the launcher's environment); returns the
+    cores it runs on."""
+    cores = sorted(os.sched_getaffinity(0))
+    if pin and len(cores) > 1:
+        core = cores[int(os.environ.get("RANK", "0")) % len(cores)]
+        os.sched_setaffinity(0, {core})
+    return sorted(os.sched_getaffinity(0))
+
+
+def gather_placement(rank, world, cores):
+    """Every rank's host and cores (all_gather_object)."""
+    import torch.distributed as dist
+    mine = {"rank": rank, "host": os.environ.get("SF_CLUSTER_HOST", "loopback"),
+            "cores": cores}
+    out = [None] * world
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def ddp_layout(r):
+    """DDP's bucket layout from its logging data, and the layout torch's
+    rule gives for the variant's caps in the order DDP rebuilt in
+    (torch's own _compute_bucket_assignment_by_size)."""
+    import torch.distributed as dist
+    d = r.ddp._get_ddp_logging_data()
+    got = {k: d.get(k) for k in ("bucket_cap_bytes", "rebuilt_bucket_sizes",
+                                 "rebuilt_per_bucket_param_indices", "gradient_as_bucket_view",
+                                 "static_graph", "has_rebuilt_buckets", "bucket_sizes")}
+    params = list(r.model.parameters())
+    order = [int(i) for b in str(got["rebuilt_per_bucket_param_indices"] or "").split(", ")
+             for i in b.split()]
+    cap = ddp_cap_mb(r.variant, r.model)
+    cap_b = int((25.0 if cap is None else cap) * 1024 * 1024)
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES if cap is None else cap_b
+    want = None
+    if order:
+        buckets, _ = dist._compute_bucket_assignment_by_size(
+            [params[i] for i in order], [min(first, cap_b), cap_b], [False] * len(order), order)
+        want = ", ".join(str(sum(params[i].numel() * params[i].element_size() for i in b))
+                         for b in buckets)
+    got["torch_rule_bucket_sizes"] = want
+    got["torch_rule_bucket_cap_bytes"] = cap_b
+    return got
+
+
 def worker(a):
     """Every model of --models in turn on this rank; rank 0 prints one JSON line
     with a record per model (one launch: each torch 2.x import costs seconds)."""
@@ -448,11 +591,13 @@ def worker(a):
     sys.path.insert(0, os.path.join(ROOT, "samples", "python"))
     import ddp_common as common
     torch.set_num_threads(1)
+    pinned = pin_rank(a.pin)
     rank, world = common.init_torch_distributed(1)
     records = []
     for model in a.models:
         a.model = model
         records.append(run_model(a, rank, world))
+        records[-1]["ranks"] = gather_placement(rank, world, pinned)
     if rank == 0:
         print("JSON " + json.dumps({"records": records}, sort_keys=True), flush=True)
     common.shutdown()
@@ -467,15 +612,16 @@ def run_model(a, rank, world):
     base = make_model(a.model, a.small)
     n = a.micro_batches
     variants = list(a.variants)
-    if "ddp_fused" in variants:
+    a.fused_reason = None
+    if a.fused:
         try:
             probe = torch.nn.Linear(2, 2)
             probe(torch.ones(1, 2)).sum().backward()
             torch.optim.AdamW(probe.parameters(), fused=True).step()
         except (RuntimeError, TypeError) as e:
-            print("torch2_bench: no fused AdamW on this CPU build (%s): ddp_fused left out" % e,
-                  file=sys.stderr)
-            variants.remove("ddp_fused")
+            a.fused_reason = "no fused AdamW on this CPU build (%s): foreach everywhere" % e
+            print("torch2_bench: " + a.fused_reason, file=sys.stderr)
+            a.fused = False
     data = {}
 
     def batches(w):
@@ -483,10 +629,12 @@ def run_model(a, rank, world):
             data[w] = [batch_of(a.model, a.small, rank, w, m) for m in range(n)]
         return data[w]
 
-    # Memory: each variant alone, 2 windows, glibc's bytes in use.
-    mem = {}
+    # Memory: each variant built and run alone (the ones built before it
+    # idle), 2 windows, glibc's bytes in use; then it stays for the timing.
+    mem, runners = {}, []
+    mem_windows = (0,) if a.small else (0, 1)  # --smoke: one (its check is memory > 0)
     for v in variants:
-        for w in (0, 1):
+        for w in mem_windows:
             batches(1000 + w)
         gc.collect()
         dist.barrier()
@@ -497,66 +645,71 @@ def run_model(a, rank, world):
         def probe():
             peak[0] = max(peak[0], heap_in_use())
 
-        for w in (0, 1):
+        for w in mem_windows:
             r.run_window(batches(1000 + w), probe)
-        r.close()
+        r.settle()
         mem[v] = peak[0] - start
+        runners.append(r)
         del r, probe
         gc.collect()
     data.clear()
 
-    wire = {}
+    wire = {v: 0 for v in variants}  # construction's broadcasts are not windows
     counter = Wire(dist, world)
-    runners = []
-    for v in variants:
-        runners.append(Runner(v, base, a, world, rank))
-        wire[v] = 0  # construction's broadcasts are not windows
-    times = {r.variant: [] for r in runners}
+    WIRE[0] = counter
+    times = {r.variant: [[] for _ in range(a.rounds)] for r in runners}
     fb = {r.variant: [] for r in runners}  # forward+backward part of each timed window
     nic = {r.variant: [] for r in runners}
-    windows = {r.variant: 0 for r in runners}
-    w = 0
+    windows = {r.variant: len(mem_windows) for r in runners}  # sfsync counts them too
     for rnd in range(a.rounds):
-        for r in runners:
+        # Round rnd: every variant a block, in the order rotated by rnd; the
+        # same windows (data) for every variant.
+        todo = [b for b in (batches(w) for w in range(1 + a.windows))]
+        order = runners[rnd % len(runners):] + runners[:rnd % len(runners)]
+        for r in order:
             before = counter.bytes
-            for k in range(a.block):
-                b = batches(w + k)
-                dist.barrier()
-                n0 = nic_bytes()
-                t0 = time.perf_counter()
-                t_fb = r.run_window(b)
-                t1 = time.perf_counter()
-                n1 = nic_bytes()
-                if k > 0:
-                    times[r.variant].append(t1 - t0)
-                    fb[r.variant].append(t_fb - t0)
-                    if n0 is not None:
-                        nic[r.variant].append(max(n1[0] - n0[0], n1[1] - n0[1]))
-            windows[r.variant] += a.block
+            dist.barrier()
+            r.run_window(todo[0])  # untimed: nothing of this variant in flight before it
+            t_prev = time.perf_counter()
+            n_prev = nic_bytes()
+            for k in range(a.windows):
+                t_fb = r.run_window(todo[1 + k])
+                if k == a.windows - 1:
+                    r.settle()  # the last gathers count in the block's last window
+                t = time.perf_counter()
+                nb = nic_bytes()
+                times[r.variant][rnd].append(t - t_prev)
+                fb[r.variant].append(t_fb - t_prev)
+                if nb is not None:
+                    nic[r.variant].append(max(nb[0] - n_prev[0], nb[1] - n_prev[1]))
+                t_prev, n_prev = t, nb
+            windows[r.variant] += 1 + a.windows
             wire[r.variant] += counter.bytes - before
-            r.settle()
-        w += a.block
         data.clear()
+    WIRE[0] = None
     # Correctness: every synchronized variant's weights against ddp_foreach's.
     ref = next(r for r in runners if r.variant == "ddp_foreach").full_weights()
     results = []
     for r in runners:
         t = torch.tensor(times[r.variant], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        ms = [x * 1e3 for x in t.tolist()]
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a window: its slowest rank
+        by_round = [[round(x * 1e3, 3) for x in row] for row in t.tolist()]
+        ms = [x for row in by_round for x in row]
         m = torch.tensor([float(mem[r.variant])], dtype=torch.float64)
         dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        flat = [x for row in times[r.variant] for x in row]
         rec = {"variant": r.variant, "ms_per_window_median": round(statistics.median(ms), 3),
                "ms_per_window_min": round(min(ms), 3), "ms_per_window_max": round(max(ms), 3),
+               "ms_windows_by_round": by_round, "config": r.config,
                "timed_windows": len(ms), "windows_run": windows[r.variant],
                # this rank's (each rank's own median, the largest): forward+backward
                # up to the last backward's return, and the step (with zero_grad)
                "fwd_bwd_ms_median_max_rank": _max_all(dist, statistics.median(fb[r.variant]) * 1e3),
                "step_ms_median_max_rank": _max_all(dist, statistics.median(
-                   [x - y for x, y in zip(times[r.variant], fb[r.variant])]) * 1e3),
+                   [x - y for x, y in zip(flat, fb[r.variant])]) * 1e3),
                "memory_bytes_max_rank": int(m.item()),
-               "wire_bytes_per_rank_window": round(r.wire_bytes_per_window(windows[r.variant],
-                                                                           wire), 1)}
+               "wire_bytes_per_rank_window": round(r.wire_bytes_per_window(
+                   windows[r.variant], wire, windows[r.variant] - len(mem_windows)), 1)}
         if nic[r.variant]:
             q = torch.tensor([statistics.median(nic[r.variant])], dtype=torch.float64)
             dist.all_reduce(q, op=dist.ReduceOp.MAX)
@@ -577,6 +730,7 @@ def run_model(a, rank, world):
                                                "windows_completed")}
         if r.ddp is not None:
             rec["ddp_bucket_bytes"] = r.ddp_bucket_bytes()
+            rec["ddp_layout"] = ddp_layout(r)
         results.append(rec)
     for r in runners:
         r.close()
@@ -585,7 +739,8 @@ def run_model(a, rank, world):
             "parameters": sum(p.numel() for p in base.parameters()),
             "tensors": len(list(base.parameters())),
             "gradient_bytes": common.gradient_bytes(base), "rounds": a.rounds,
-            "block": a.block, "torch": torch.__version__, "sfsync": sfsync.version(),
+            "windows": a.windows, "fused": a.fused, "fused_reason": a.fused_reason,
+            "torch": torch.__version__, "sfsync": sfsync.version(),
             "collective_calls": counter.calls, "tolerance": a.tolerance, "bucket_cap_mb": a.bucket_cap_mb,
             "results": results, "load_worker_end": os.getloadavg()}
 
@@ -605,22 +760,80 @@ def res_of(rec, variant):
     return next((r for r in rec["results"] if r["variant"] == variant), None)
 
 
-def derive(rec):
-    """The limit columns and the ratios of one record (in place); returns the
-    list of correctness failures."""
+BOOT = 1000  # bootstrap resamples
+
+
+def _boot(rows_v, rows_b, key, seed, n=BOOT):
+    """Median and 95 % interval of median(variant windows) / median(base
+    windows) (rows_b None: of the variant's median ms): a bootstrap that
+    resamples the runs (rounds, the same for both: they ran interleaved),
+    then the windows within each; random.Random seeded by (seed, key): the
+    same records give the same numbers."""
+    rng = random.Random("%d/%s" % (seed, key))
+    med = statistics.median
+
+    def stat(v, b):
+        return med(v) / med(b) if b is not None else med(v)
+
+    flat_b = [x for row in rows_b for x in row] if rows_b is not None else None
+    point = stat([x for row in rows_v for x in row], flat_b)
+    k = len(rows_v)
+    draws = []
+    for _ in range(n):
+        idx = [rng.randrange(k) for _ in range(k)]
+        v = [x for i in idx for x in rng.choices(rows_v[i], k=len(rows_v[i]))]
+        b = None if rows_b is None else [
+            x for i in idx for x in rng.choices(rows_b[i], k=len(rows_b[i]))]
+        draws.append(stat(v, b))
+    draws.sort()
+    return [round(point, 4), round(draws[int(0.025 * n)], 4), round(draws[int(0.975 * n) - 1], 4)]
+
+
+def compare(rec, v, base, key, seed):
+    """{"all": [median, lo, hi] across runs, "per_run": [...] within each}."""
+    rv = res_of(rec, v)["ms_windows_by_round"]
+    rb = None if base is None else res_of(rec, base)["ms_windows_by_round"]
+    out = {"all": _boot(rv, rb, key, seed)}
+    if len(rv) > 1:
+        out["per_run"] = [_boot([rv[i]], None if rb is None else [rb[i]], "%s/%d" % (key, i), seed)
+                          for i in range(len(rv))]
+    return out
+
+
+def verdict(iv):
+    """'faster' / 'slower' only where the 95 % interval excludes 1.0."""
+    if iv[2] < 1.0:
+        return "faster"
+    if iv[1] > 1.0:
+        return "slower"
+    return "same within noise"
+
+
+def best_ddp(ms):
+    got = [v for v in DDPS if v in ms]
+    return min(got, key=lambda v: ms[v]) if got else None
+
+
+def derive(rec, seed=35):
+    """The limit columns, the intervals and the ratios of one record (in
+    place); returns the list of correctness failures."""
     ms = {r["variant"]: r["ms_per_window_median"] for r in rec["results"]}
     bps = rate_bytes_per_s(rec["rate"])
+    base = best_ddp(ms)
+    rec["best_ddp"] = base
+    tag = "%s/%d/%s" % (rec["model"], rec["hosts"], rec["rate"])
     for r in rec["results"]:
         v = r["variant"]
         comp = "compute_only_shard" if v in SHARDED else "compute_only"
         r["compute_only_ms"] = ms.get(comp)
+        r["ms_per_window_ci"] = compare(rec, v, None, tag + "/ms/" + v, seed)["all"]
         r["wire_ms"] = (round(r["wire_bytes_per_rank_window"] / bps * 1e3, 3)
                         if bps and v not in COMPUTE else None)
         r["exposed_ms"] = (round(r["ms_per_window_median"] - ms[comp], 3)
                            if comp in ms and v not in COMPUTE else None)
         r["exposed_over_wire"] = (round(r["exposed_ms"] / r["wire_ms"], 3)
                                   if r["wire_ms"] and r["exposed_ms"] is not None else None)
-        r["vs_ddp"] = round(r["ms_per_window_median"] / ms["ddp_foreach"], 3)
+        r["vs_best_ddp"] = None if base is None else round(ms[v] / ms[base], 3)
         # The least any schedule that communicates once per window can
         # expose: its wire time less what it can overlap, which is one
         # micro-batch's forward+backward (the last backward's reduction, the
@@ -633,31 +846,44 @@ def derive(rec):
             r["exposed_bound_ms"] = round(max(0.0, r["wire_ms"] - hide), 3)
             r["exposed_bound_over_wire"] = round(r["exposed_bound_ms"] / r["wire_ms"], 3)
             r["window_bound_ms"] = round(ms[comp] + r["exposed_bound_ms"], 3)
-    fsdp = [ms[v] for v in ("fsdp2_reshard", "fsdp2_keep") if v in ms]
     rat = {}
-    if "sfsync_sharded" in ms:
-        if fsdp:
-            rat["sharded_vs_best_fsdp2"] = ms["sfsync_sharded"] / min(fsdp)
-        rat["sharded_vs_ddp"] = ms["sfsync_sharded"] / ms["ddp_foreach"]
-        if "zero_ddp" in ms:
-            rat["sharded_vs_zero"] = ms["sfsync_sharded"] / ms["zero_ddp"]
-    for v in ("sfsync_perbucket", "sfsync_final"):
-        if v in ms:
-            rat[v.split("_")[1] + "_vs_ddp"] = ms[v] / ms["ddp_foreach"]
-    if "ddp_fused" in ms:
-        rat["best_ddp_vs_ddp_foreach"] = min(ms["ddp_fused"], ms["ddp_foreach"]) / ms["ddp_foreach"]
+    if base is not None:
+        for v in ms:
+            if v not in COMPUTE and v != base:
+                rat[v + "_vs_best_ddp"] = compare(rec, v, base, tag + "/" + v, seed)
+    pairs = [("sfsync_perbucket", "ddp_overlap", "perbucket_vs_ddp_overlap"),
+             ("sfsync_sharded_final", "sfsync_sharded", "sharded_final_vs_sharded"),
+             ("sfsync_sharded", "zero_ddp", "sharded_vs_zero")]
+    fsdp = [v for v in ("fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring") if v in ms]
+    if fsdp:
+        pairs.append(("sfsync_sharded", min(fsdp, key=lambda v: ms[v]), "sharded_vs_best_fsdp2"))
+    for v, b, k in pairs:
+        if v in ms and b in ms:
+            rat[k] = compare(rec, v, b, tag + "/" + k, seed)
+            rat[k]["base"] = b
     res = {r["variant"]: r for r in rec["results"]}
-    sh = res.get("sfsync_sharded")
-    if sh is not None and sh["exposed_over_wire"] is not None:
-        rat["sharded_exposed_over_wire"] = sh["exposed_over_wire"]
-    if sh is not None and sh.get("exposed_bound_over_wire") is not None:
-        rat["sharded_exposed_bound_over_wire"] = sh["exposed_bound_over_wire"]
-        rat["sharded_bound_vs_ddp"] = sh["window_bound_ms"] / ms["ddp_foreach"]
-    for v in ("fsdp2_reshard", "fsdp2_keep"):
+    sh, shf = res.get("sfsync_sharded"), res.get("sfsync_sharded_final")
+    extra = {}
+    if sh is not None and shf is not None:
+        # the default sharded mode's gradient gather: its bytes and its time
+        extra["gradient_gather_bytes_per_rank_window"] = round(
+            shf["wire_bytes_per_rank_window"] - sh["wire_bytes_per_rank_window"], 1)
+        extra["gradient_gather_ms"] = round(shf["ms_per_window_median"] -
+                                            sh["ms_per_window_median"], 3)
+    if sh is not None and sh.get("window_bound_ms") is not None and base is not None:
+        # The bound's lead at W=2 (bytes equal DDP's): the step on 1/W and
+        # the compute-only split, not fewer bytes.
+        extra["sharded_bound_vs_best_ddp"] = round(sh["window_bound_ms"] / ms[base], 3)
+    for v in COMPUTE:
+        if v in ms:
+            extra[v + "_ms"] = ms[v]
+    for v in ("fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring"):
         if sh is not None and v in res:
-            rat["sharded_memory_vs_" + v] = sh["memory_bytes_max_rank"] / \
-                res[v]["memory_bytes_max_rank"]
-    rec["ratios"] = {k: round(x, 3) for k, x in rat.items()}
+            extra["sharded_memory_vs_" + v] = round(sh["memory_bytes_max_rank"] /
+                                                    res[v]["memory_bytes_max_rank"], 3)
+    rec["ratios"] = rat
+    rec["extra"] = extra
+    rec["targets"] = targets(rec)
     fails = []
     for r in rec["results"]:
         d = r["weights_max_abs_diff_vs_ddp"]
@@ -668,7 +894,25 @@ def derive(rec):
     return fails
 
 
-COLUMNS = [("ms_per_window_median", "ms/window", "%.0f"), ("vs_ddp", "x DDP", "%.2f"),
+TARGETS = [("sfsync_sharded_vs_best_ddp", 0.90, "sharded <= 0.90 x best DDP, interval below 1"),
+           ("sfsync_sharded_final_vs_best_ddp", 1.00, "default sharded <= 1.00 x best DDP"),
+           ("perbucket_vs_ddp_overlap", 1.00, "per-bucket <= 1.00 x DDP's overlapped optimizer")]
+
+
+def targets(rec):
+    """Issue 35's targets of this record: met or not, with the interval."""
+    out = []
+    for key, limit, text in TARGETS:
+        c = rec["ratios"].get(key)
+        if c is None:
+            continue
+        m, lo, hi = c["all"]
+        met = m <= limit and (hi < 1.0 if limit < 1.0 else True)
+        out.append({"target": text, "ratio": c["all"], "met": met, "verdict": verdict(c["all"])})
+    return out
+
+
+COLUMNS = [("ms_per_window_median", "ms/window", "%.0f"), ("vs_best_ddp", "x best DDP", "%.2f"),
            ("fwd_bwd_ms_median_max_rank", "fwd+bwd ms", "%.0f"),
            ("step_ms_median_max_rank", "step ms", "%.0f"),
            ("compute_only_ms", "compute-only ms", "%.0f"),
@@ -677,15 +921,6 @@ COLUMNS = [("ms_per_window_median", "ms/window", "%.0f"), ("vs_ddp", "x DDP", "%
            ("exposed_bound_over_wire", "bound exposed/wire", "%.2f"),
            ("memory_bytes_max_rank", "memory MB/rank", "%.1f"),
            ("weights_max_abs_diff_vs_ddp", "max abs diff vs DDP", "%.1e")]
-RATIO_COLS = [("sharded_vs_best_fsdp2", "sharded/best FSDP2 (<=0.85)"),
-              ("sharded_vs_ddp", "sharded/DDP (<=0.80)"),
-              ("perbucket_vs_ddp", "per-bucket/DDP (<=1.00)"), ("final_vs_ddp", "final-grad/DDP"),
-              ("sharded_vs_zero", "sharded/ZeRO"),
-              ("sharded_bound_vs_ddp", "bound sharded/DDP"),
-              ("sharded_exposed_over_wire", "sharded exposed/wire (<=0.5)"),
-              ("sharded_exposed_bound_over_wire", "bound exposed/wire"),
-              ("sharded_memory_vs_fsdp2_keep", "sharded mem/FSDP2 keep (<=1)"),
-              ("sharded_memory_vs_fsdp2_reshard", "sharded mem/FSDP2 reshard")]
 
 
 def cell(key, fmt, r):
@@ -698,33 +933,79 @@ def cell(key, fmt, r):
 
 
 def link_of(rec):
-    """The link column: the rate, and the bucket cap when --bucket-cap-mb set both."""
+    """The link column: the rate, and sfsync's bucket cap when --bucket-cap-mb set it."""
     cap = rec.get("bucket_cap_mb")
-    return rec["rate"] if cap is None else "%s, cap %g MiB" % (rec["rate"], cap)
+    return rec["rate"] if cap is None else "%s, sfsync cap %g MiB" % (rec["rate"], cap)
+
+
+def iv_text(iv):
+    return "%.2f [%.2f, %.2f]" % tuple(iv)
+
+
+def present(records):
+    return [v for v in VARIANTS if any(x["variant"] == v for r in records for x in r["results"])]
 
 
 def ms_table(records):
-    """ms per window (median, slowest rank) of every variant, a row per run."""
-    variants = [v for v in VARIANTS if any(x["variant"] == v for r in records
-                                           for x in r["results"])]
+    """ms per window (median over every run's windows, slowest rank) of every
+    variant with its 95 % interval, a row per model, host count and link."""
+    variants = present(records)
     head = "| model | N | link | " + " | ".join(variants) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for rec in records:
-        ms = {r["variant"]: r["ms_per_window_median"] for r in rec["results"]}
+        res = {r["variant"]: r for r in rec["results"]}
         lines.append("| %s | %d | %s | %s |" % (rec["model"], rec["hosts"], link_of(rec), " | ".join(
-            "%.0f" % ms[v] if v in ms else "-" for v in variants)))
+            "%.0f [%.0f, %.0f]" % tuple(res[v]["ms_per_window_ci"]) if v in res else "-"
+            for v in variants)))
     return "\n".join(lines)
 
 
 def tables(records):
-    head = "| model | N | link | " + " | ".join(c for _, c in RATIO_COLS) + " | load |"
-    lines = [ms_table(records), ""]
+    lines = ["ms per window, median [95 % interval] (bootstrap over runs, then windows):", "",
+             ms_table(records), ""]
+    variants = [v for v in present(records) if v not in COMPUTE]
+    lines.append("Against the best DDP of the row (%s), median [95 %% interval]; "
+                 "'faster' only where the interval is below 1:" % ", ".join(DDPS))
+    lines.append("")
+    head = "| model | N | link | best DDP | " + " | ".join(variants) + " |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for rec in records:
-        lines.append("| %s | %d | %s | %s | %.1f |" % (
-            rec["model"], rec["hosts"], link_of(rec), " | ".join(
-                "%.2f" % rec["ratios"][k] if k in rec["ratios"] else "-" for k, _ in RATIO_COLS),
-            rec["load"][0]))
+        cells = []
+        for v in variants:
+            c = rec["ratios"].get(v + "_vs_best_ddp")
+            cells.append("1 (base)" if v == rec["best_ddp"] else "-" if c is None else
+                         "%s %s" % (iv_text(c["all"]), verdict(c["all"])))
+        lines.append("| %s | %d | %s | %s | %s |" % (rec["model"], rec["hosts"], link_of(rec),
+                                                    rec["best_ddp"], " | ".join(cells)))
+    lines += ["", "Other pairs, within a run (each run's interval) and across runs:", "",
+              "| model | N | link | pair | across runs | per run |", "|---|---|---|---|---|---|"]
+    for rec in records:
+        for k, c in sorted(rec["ratios"].items()):
+            if "base" in c:
+                lines.append("| %s | %d | %s | %s / %s | %s %s | %s |" % (
+                    rec["model"], rec["hosts"], link_of(rec), k.split("_vs_")[0], c["base"],
+                    iv_text(c["all"]), verdict(c["all"]),
+                    "; ".join(iv_text(x) for x in c.get("per_run", []))))
+    lines += ["", "Issue 35's targets:", "", "| model | N | link | target | ratio | met |",
+              "|---|---|---|---|---|---|"]
+    for rec in records:
+        for t in rec["targets"]:
+            lines.append("| %s | %d | %s | %s | %s | %s |" % (
+                rec["model"], rec["hosts"], link_of(rec), t["target"], iv_text(t["ratio"]),
+                "met" if t["met"] else "not met"))
+    lines += ["", "The bound and its split (at W=2 the bytes equal DDP's: the bound's lead is "
+              "the step on 1/W and the compute-only split); the default sharded mode's "
+              "gradient gather:", "",
+              "| model | N | link | compute-only ms | compute-only-shard ms | bound/best DDP | "
+              "gradient gather MB/rank | gradient gather ms |", "|---|---|---|---|---|---|---|---|"]
+    for rec in records:
+        e = rec["extra"]
+        f = lambda k, fmt, d=1: "-" if e.get(k) is None else fmt % (e[k] / d)  # noqa: E731
+        lines.append("| %s | %d | %s | %s | %s | %s | %s | %s |" % (
+            rec["model"], rec["hosts"], link_of(rec), f("compute_only_ms", "%.0f"),
+            f("compute_only_shard_ms", "%.0f"), f("sharded_bound_vs_best_ddp", "%.2f"),
+            f("gradient_gather_bytes_per_rank_window", "%.2f", 1e6),
+            f("gradient_gather_ms", "%.0f")))
     lines.append("")
     head = "| model | N | link | variant | " + " | ".join(c for _, c, _ in COLUMNS) + " |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
@@ -733,42 +1014,60 @@ def tables(records):
             lines.append("| %s | %d | %s | %s | %s |" % (
                 rec["model"], rec["hosts"], link_of(rec), r["variant"],
                 " | ".join(cell(k, f, r) for k, _, f in COLUMNS)))
+    lines += ["", "Where the ranks ran (pinned: rank r on core r mod cores; the kernel's "
+              "network work is not pinned):", ""]
+    for rec in records:
+        lines.append("- %s N=%d %s: %s" % (rec["model"], rec["hosts"], link_of(rec), ", ".join(
+            "rank %d host %s cores %s" % (p["rank"], p["host"], p["cores"])
+            for p in rec.get("ranks", []))))
     return "\n".join(lines)
 
 
+STYLE = {"compute_only": ("k", ".", ":"), "compute_only_shard": ("0.5", ".", ":"),
+         "ddp_foreach": ("C1", "o", ":"), "ddp_fused": ("C1", "o", "-"),
+         "ddp_fused_cap25": ("C1", "s", "--"), "ddp_fused_capsf": ("C1", "^", "-."),
+         "ddp_overlap": ("C5", "D", "-"), "fsdp2_reshard": ("C3", "x", "-"),
+         "fsdp2_keep": ("C3", "+", "--"), "fsdp2_keep_ring": ("C3", "*", ":"),
+         "zero_ddp": ("C4", "v", "-"), "sfsync_sharded": ("C0", "o", "-"),
+         "sfsync_sharded_final": ("C0", "^", ":"), "sfsync_perbucket": ("C2", "s", "--"),
+         "sfsync_final": ("C2", "^", ":")}
+
+
 def plot(records, variants, path):
+    """One file per model (path's stem + _<model>.png): a panel per host
+    count, ms/window against link rate for every variant, the 95 % interval
+    as a band, sfsync_sharded's window bound as a black line."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    # One line per variant at the default caps (a --bucket-cap-mb run is in
-    # the tables only), unless every record set a cap.
     default = [r for r in records if r.get("bucket_cap_mb") is None]
     records = default or records
-    keys = sorted({(r["model"], r["hosts"]) for r in records})
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.5), squeeze=False)
     order = [x for x in RATES[::-1] + ["loopback"] if any(r["rate"] == x for r in records)]
-    style = {"compute_only": ("k", ".", ":"), "compute_only_shard": ("0.5", ".", ":"),
-             "ddp_foreach": ("C1", "o", "-"), "ddp_fused": ("C1", "s", "--"),
-             "fsdp2_reshard": ("C3", "x", "-"), "fsdp2_keep": ("C3", "+", "--"),
-             "zero_ddp": ("C4", "v", "-"), "sfsync_sharded": ("C0", "o", "-"),
-             "sfsync_final": ("C2", "^", ":"), "sfsync_perbucket": ("C0", "s", "--")}
-    for ax, (model, n) in zip(axes[0], keys):
-        recs = {r["rate"]: r for r in records if r["hosts"] == n and r["model"] == model}
-        draw_panel(ax, recs, variants, order, style, "%s, %d hosts, AdamW, %d micro-batches"
-                   % (model, n, records[0]["micro_batches"]))
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    stem = path[:-len(".png")] if path.endswith(".png") else path
+    for model in [m for m in MODELS if any(r["model"] == m for r in records)]:
+        hosts = sorted({r["hosts"] for r in records if r["model"] == model})
+        fig, axes = plt.subplots(1, len(hosts), figsize=(7 * len(hosts), 5), squeeze=False)
+        for ax, n in zip(axes[0], hosts):
+            recs = {r["rate"]: r for r in records if r["hosts"] == n and r["model"] == model}
+            draw_panel(ax, recs, variants, order, STYLE, "%s, %d hosts, AdamW, %d micro-batches"
+                       % (model, n, records[0]["micro_batches"]), band="ms_per_window_ci",
+                       bound=("sfsync_sharded", "window_bound_ms", "bound (sfsync_sharded)"))
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        fig.savefig("%s_%s.png" % (stem, model), dpi=100)
+        plt.close(fig)
 
 
 def smoke_check(records, variants):
     """--smoke: every column of every variant produced, with values that follow
-    from the model (bytes from the collectives issued)."""
+    from the model (bytes from the collectives issued), and the peers
+    configured as the module docstring says (DDP's layout from its logging
+    data against torch's rule, FSDP2's settings)."""
     errs = []
     for rec in records:
         got = {r["variant"] for r in rec["results"]}
-        missing = [v for v in variants if v not in got and v != "ddp_fused"]
+        missing = [v for v in variants if v not in got]
         if missing:
             errs.append("%s: no result for %s" % (rec["model"], ", ".join(missing)))
         w, g = rec["world_size"], rec["gradient_bytes"]
@@ -786,23 +1085,70 @@ def smoke_check(records, variants):
                     errs.append("%s %s: column %s missing" % (rec["model"], v, k))
                 elif r[k] is None and k not in empty_ok:
                     errs.append("%s %s: column %s empty" % (rec["model"], v, k))
-            if r["timed_windows"] != rec["rounds"] * (rec["block"] - 1):
+            if r["timed_windows"] != rec["rounds"] * rec["windows"] or \
+                    [len(x) for x in r["ms_windows_by_round"]] != [rec["windows"]] * rec["rounds"]:
                 errs.append("%s %s: %d timed windows" % (rec["model"], v, r["timed_windows"]))
             if v not in COMPUTE and r["memory_bytes_max_rank"] <= 0:
                 errs.append("%s %s: memory %d" % (rec["model"], v, r["memory_bytes_max_rank"]))
-            want = {"ddp_foreach": 2 * f * g, "ddp_fused": 2 * f * g, "sfsync_final": 2 * f * g,
-                    "sfsync_perbucket": 2 * f * g, "sfsync_sharded": 2 * f * g,
+            want = {"sfsync_final": 2 * f * g, "sfsync_perbucket": 2 * f * g,
+                    "sfsync_sharded": 2 * f * g, "fsdp2_keep_ring": 2 * f * g,
                     "compute_only": 0, "compute_only_shard": 0}.get(v)
+            if v in DDPS or v == "ddp_overlap":
+                want = 2 * f * g
             b = r["wire_bytes_per_rank_window"]
             if want is not None and abs(b - want) > 0.01 * max(want, 1):
                 errs.append("%s %s: %.0f wire bytes per window, want %.0f" % (
                     rec["model"], v, b, want))
-            if v.startswith("fsdp2") or v == "zero_ddp":
+            if v.startswith("fsdp2") or v in ("zero_ddp", "sfsync_sharded_final"):
                 # FSDP2 gathers the parameters in forward (and backward once
                 # resharded) and reduce-scatters once: at least 2 x f x g.
                 if b < 2 * f * g * 0.99:
                     errs.append("%s %s: %.0f wire bytes per window, want >= %.0f" % (
                         rec["model"], v, b, 2 * f * g))
+            errs += config_errors(rec, r)
+    return errs
+
+
+def config_errors(rec, r):
+    """The peer configured as stated (see smoke_check)."""
+    v, c, errs = r["variant"], r["config"], []
+    where = "%s %s: " % (rec["model"], v)
+    fused = rec["fused"] and v not in NOT_FUSED
+    if c["optimizer"].split(" ")[0] != ("AdamW(fused=True)" if fused else "AdamW(foreach=True)"):
+        errs.append(where + "optimizer %s" % c["optimizer"])
+    lay = r.get("ddp_layout")
+    if v in DDPS or v in ("ddp_overlap", "zero_ddp"):
+        if lay is None:
+            return errs + [where + "no DDP layout"]
+        if not lay["has_rebuilt_buckets"] or not lay["rebuilt_bucket_sizes"]:
+            errs.append(where + "DDP did not rebuild its buckets: %s" % lay)
+        elif lay["rebuilt_bucket_sizes"] != lay["torch_rule_bucket_sizes"]:
+            errs.append(where + "DDP's buckets %s, torch's rule for cap %s gives %s" % (
+                lay["rebuilt_bucket_sizes"], c["bucket_cap_mb"], lay["torch_rule_bucket_sizes"]))
+        if lay["bucket_cap_bytes"] != lay["torch_rule_bucket_cap_bytes"]:
+            errs.append(where + "bucket_cap_bytes %s, want %s" % (
+                lay["bucket_cap_bytes"], lay["torch_rule_bucket_cap_bytes"]))
+        if int(lay["gradient_as_bucket_view"]) != 1:
+            errs.append(where + "gradient_as_bucket_view %s" % lay["gradient_as_bucket_view"])
+        if lay["static_graph"] not in (None, 0, "0", False):
+            errs.append(where + "static_graph %s (left off: see Runner)" % lay["static_graph"])
+        nb = len(lay["rebuilt_bucket_sizes"].split(", "))
+        if v in ("ddp_foreach", "ddp_fused") and rec["gradient_bytes"] > 2 ** 20 and nb < 2:
+            errs.append(where + "one bucket: torch's small first bucket is missing")
+    if v.startswith("fsdp2"):
+        want = (not v.startswith("fsdp2_keep"), "ring (all_to_all)" if v.endswith("_ring")
+                else "torch's")
+        if (c["reshard_after_forward"], c["reduce_scatter"]) != want:
+            errs.append(where + "reshard_after_forward %s, reduce-scatter %s, want %s" % (
+                c["reshard_after_forward"], c["reduce_scatter"], want))
+        calls = rec["collective_calls"].get("ring_reduce_scatter", 0)
+        if v.endswith("_ring") and calls == 0:
+            errs.append(where + "the custom reduce-scatter was never called")
+    if v.startswith("sfsync"):
+        want = (v.startswith("sfsync_sharded"), v in ("sfsync_sharded", "sfsync_perbucket"))
+        if (c["shard_optimizer"], c["overlap_step"]) != want:
+            errs.append(where + "shard_optimizer %s overlap_step %s" % (
+                c["shard_optimizer"], c["overlap_step"]))
     return errs
 
 
@@ -813,8 +1159,7 @@ def merge(a):
             docs.append(json.load(f))
     records = [r for d in docs for r in d["records"]]
     fails = [f for r in records for f in derive(r)]
-    variants = [v for v in VARIANTS if any(x["variant"] == v for r in records
-                                           for x in r["results"])]
+    variants = present(records)
     order = {(m, n, rate): i for i, (m, n, rate) in enumerate(
         (m, n, rate) for m in MODELS for n in (2, 4, 8) for rate in RATES + ["loopback"])}
     records.sort(key=lambda r: order.get((r["model"], r["hosts"], r["rate"]), 99))
@@ -847,13 +1192,17 @@ def main(argv=None):
 
     def run(n, rate):
         argv = [a.python, os.path.abspath(__file__), "--worker", "--rate", rate,
-                "--rounds", str(a.rounds), "--block", str(a.block),
+                "--rounds", str(a.rounds), "--windows", str(a.windows),
                 "--micro-batches", str(a.micro_batches), "--tolerance", str(a.tolerance),
                 "--models"] + a.models + ["--variants"] + a.variants
         if a.bucket_cap_mb is not None:
             argv += ["--bucket-cap-mb", str(a.bucket_cap_mb)]
         if a.small:
             argv.append("--small")
+        if not a.fused:
+            argv.append("--no-fused")
+        if not a.pin:
+            argv.append("--no-pin")
         if a.fault:
             argv += ["--fault", a.fault]
         if a.trace:
@@ -865,11 +1214,12 @@ def main(argv=None):
             rec.update(hosts=n, rate=rate, run_s=out["run_s"], load_start=load_start,
                        load=os.getloadavg())
             fails.extend(derive(rec))
-            print("%s N=%d %-8s %s  %s  load %.1f -> %.1f  %.0f s" % (
+            print("%s N=%d %-8s %s  best DDP %s  %s  load %.1f -> %.1f  %.0f s" % (
                 rec["model"], n, rate, " ".join(
                     "%s=%.0f" % (r["variant"], r["ms_per_window_median"])
-                    for r in rec["results"]),
-                rec["ratios"], load_start[0], rec["load"][0], out["run_s"]), flush=True)
+                    for r in rec["results"]), rec["best_ddp"], " ".join(
+                    "%s=%s" % (k, iv_text(c["all"])) for k, c in sorted(rec["ratios"].items())),
+                load_start[0], rec["load"][0], out["run_s"]), flush=True)
         return out["records"]
 
     records, rc = run_grid(a, "torch2_bench", run, tables,
