@@ -4,6 +4,17 @@
     sudo /usr/bin/python3 bench/torch2_bench.py                  # the full grid
     sudo /usr/bin/python3 bench/torch2_bench.py --hosts 2 4 --rates 1gbit
     /usr/bin/python3 bench/torch2_bench.py --smoke                # loopback, 2 ranks, seconds
+    sudo /usr/bin/python3 bench/torch2_bench.py --grid           # issue 35's grid (GRID below)
+    /usr/bin/python3 bench/torch2_bench.py --grid --estimate      # its plan and wall-time estimate
+
+Since issue 35 (docs/speed.md, "The rules since issue 35", is the reference;
+where the text below differs, it wins): DDP variants use torch's default
+caps (+ ddp_fused_cap25, ddp_fused_capsf), gradient_as_bucket_view, fused
+AdamW (all but ddp_foreach), ddp_overlap is DDP._register_fused_optim;
+fsdp2_keep_ring reduce-scatters at ring bytes through
+set_custom_reduce_scatter; sfsync_sharded_final is the default sharded mode;
+blocks are --windows back-to-back windows (no barrier) over --rounds runs,
+with bootstrap intervals; ranks are pinned to cores.
 
 The driver is any Python; the ranks run pip's torch 2.x (--python, default
 the project's venv /root/.cache/sfsync/venv-torch2/bin/python): FSDP2 exists
@@ -1182,12 +1193,75 @@ def merge(a):
     return 0
 
 
+# The issue-35 grid: (hosts, rates, variants, windows, rounds) per part; every
+# part for both models. The done-when rows first, then the link-rate sweep
+# for the plot (its 1gbit point is the first part's).
+SWEEP_VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused", "ddp_overlap",
+                  "fsdp2_keep_ring", "sfsync_sharded", "sfsync_sharded_final",
+                  "sfsync_perbucket"]
+GRID = [([2, 4], ["1gbit"], VARIANTS, 50, 3),
+        ([2], ["200mbit", "10gbit", "loopback"], SWEEP_VARIANTS, 20, 3)]
+# For the estimate: a window's compute at 2 ranks on this 2-core machine
+# (ms; the issue's runs: MLP 38, transformer ~450), doubled at 4 ranks; the
+# gradient bytes; exposed wire taken as 0.6 of the wire time (FSDP2 and
+# ZeRO 1.5x the bytes), and per launch 25 s of start-up and per block the
+# untimed window and the memory phase's 2.
+EST = {"mlp": (38.0, 9.49e6), "transformer": (450.0, 46.4e6)}
+
+
+def estimate_s(hosts, rate, model, variants, windows, rounds):
+    comp, g = EST[model]
+    comp *= max(1.0, hosts / 2.0)
+    bps = rate_bytes_per_s(rate)
+    total = 25.0
+    for v in variants:
+        wire = 0.0 if bps is None or v in COMPUTE else 2 * (hosts - 1) / hosts * g / bps * 1e3
+        if v.startswith("fsdp2") or v in ("zero_ddp", "sfsync_sharded_final"):
+            wire *= 1.5
+        total += (comp + 0.6 * wire) * (rounds * (windows + 1) + 2) / 1e3
+    return total
+
+
+def grid(a):
+    """Runs GRID (one launch per model, host count and rate: a JSON each
+    under --out), then merges them into torch2_bench.{json,md} and the plots.
+    Prints the plan and its estimate first; --estimate stops there."""
+    plan, total = [], 0.0
+    for hosts, rates, variants, windows, rounds in GRID:
+        for n in hosts:
+            for rate in rates:
+                for model in MODELS:
+                    t = estimate_s(n, rate, model, variants, windows, rounds)
+                    total += t
+                    plan.append((n, rate, model, variants, windows, rounds, t))
+                    print("plan: %s N=%d %-8s %2d variants x %d windows x %d runs  ~%4.0f s" % (
+                        model, n, rate, len(variants), windows, rounds, t))
+    print("plan: %d launches, estimated %.0f min on this machine" % (len(plan), total / 60),
+          flush=True)
+    if a.estimate:
+        return 0
+    names = []
+    for n, rate, model, variants, windows, rounds, _ in plan:
+        name = "torch2_grid_%s_%d_%s" % (model, n, rate)
+        argv = ["--hosts", str(n), "--rates", rate, "--models", model, "--windows", str(windows),
+                "--rounds", str(rounds), "--port", str(a.port), "--python", a.python,
+                "--build", a.build, "--out", a.out, "--name", name, "--variants"] + variants
+        a.port += 40
+        rc = main(argv)
+        if rc:
+            return rc
+        names.append(os.path.join(a.out, name + ".json"))
+    return main(["--merge"] + names + ["--out", a.out, "--name", "torch2_bench"])
+
+
 def main(argv=None):
     a = parse_args(argv)
     if a.worker:
         return worker(a)
     if a.merge:
         return merge(a)
+    if a.grid:
+        return grid(a)
     fails = []
 
     def run(n, rate):
