@@ -137,6 +137,8 @@ def parse_args(argv=None):
                    help="the issue-35 grid (see the module docstring): prints its plan and "
                         "estimate, then runs it")
     p.add_argument("--estimate", action="store_true", help="with --grid: the plan only")
+    p.add_argument("--resume", action="store_true",
+                   help="with --grid: keep the launches whose JSON is already under --out")
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="sfsync's bucket cap (default: its own: 25 MiB unsharded, "
@@ -1199,8 +1201,19 @@ def merge(a):
 SWEEP_VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused", "ddp_overlap",
                   "fsdp2_keep_ring", "sfsync_sharded", "sfsync_sharded_final",
                   "sfsync_perbucket"]
-GRID = [([2, 4], ["1gbit"], VARIANTS, 50, 3),
-        ([2], ["200mbit", "10gbit", "loopback"], SWEEP_VARIANTS, 20, 3)]
+# The transformer's rows (a window ~0.5-1 s on 2 cores: every variant at
+# 50 x 3 would take ~75 min at 1 Gbit/s): the variants the targets need
+# (the DDPs that were best in the MLP's rows and in the issue's probe, DDP's
+# overlapped optimizer, sfsync's three modes), the compute-only pair for the
+# bound, and at 2 hosts FSDP2 at ring bytes and ZeRO.
+TARGET_VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused",
+                   "ddp_overlap", "sfsync_sharded", "sfsync_sharded_final", "sfsync_perbucket"]
+# (hosts, rates, models, variants, windows per block, runs)
+GRID = [([2, 4], ["1gbit"], ["mlp"], VARIANTS, 50, 3),
+        ([2], ["1gbit"], ["transformer"],
+         TARGET_VARIANTS + ["ddp_fused_capsf", "fsdp2_keep_ring", "zero_ddp"], 50, 3),
+        ([4], ["1gbit"], ["transformer"], TARGET_VARIANTS, 50, 3),
+        ([2], ["200mbit", "10gbit", "loopback"], ["mlp"], SWEEP_VARIANTS, 20, 3)]
 # For the estimate: a window's compute at 2 ranks on this 2-core machine
 # (ms; the issue's runs: MLP 38, transformer ~450), doubled at 4 ranks; the
 # gradient bytes; exposed wire taken as 0.6 of the wire time (FSDP2 and
@@ -1227,10 +1240,10 @@ def grid(a):
     under --out), then merges them into torch2_bench.{json,md} and the plots.
     Prints the plan and its estimate first; --estimate stops there."""
     plan, total = [], 0.0
-    for hosts, rates, variants, windows, rounds in GRID:
+    for hosts, rates, models, variants, windows, rounds in GRID:
         for n in hosts:
             for rate in rates:
-                for model in MODELS:
+                for model in models:
                     t = estimate_s(n, rate, model, variants, windows, rounds)
                     total += t
                     plan.append((n, rate, model, variants, windows, rounds, t))
@@ -1240,18 +1253,27 @@ def grid(a):
           flush=True)
     if a.estimate:
         return 0
-    names = []
+    names, failed = [], []
     for n, rate, model, variants, windows, rounds, _ in plan:
         name = "torch2_grid_%s_%d_%s" % (model, n, rate)
+        names.append(os.path.join(a.out, name + ".json"))
+        if a.resume and os.path.exists(names[-1]):
+            print("grid: %s exists (--resume): kept" % names[-1], flush=True)
+            continue
         argv = ["--hosts", str(n), "--rates", rate, "--models", model, "--windows", str(windows),
                 "--rounds", str(rounds), "--port", str(a.port), "--python", a.python,
                 "--build", a.build, "--out", a.out, "--name", name, "--variants"] + variants
         a.port += 40
+        start = time.monotonic()
         rc = main(argv)
+        print("grid: %s rc %d in %.0f s" % (name, rc, time.monotonic() - start), flush=True)
         if rc:
-            return rc
-        names.append(os.path.join(a.out, name + ".json"))
-    return main(["--merge"] + names + ["--out", a.out, "--name", "torch2_bench"])
+            failed.append(name)
+    names = [x for x in names if os.path.exists(x)]
+    rc = main(["--merge"] + names + ["--out", a.out, "--name", "torch2_bench"]) if names else 1
+    if failed:
+        print("grid: FAILED launches: %s" % ", ".join(failed), flush=True)
+    return 1 if failed else rc
 
 
 def main(argv=None):
