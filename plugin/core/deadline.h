@@ -85,6 +85,10 @@ inline Clock::time_point deadlineAfter(std::chrono::milliseconds ms,
   return Deadline::saturatingAdd(now, timeoutDuration(int64_t(ms.count())));
 }
 
+// The shortest wait, for "is it there now?" (Gloo's stores read a 0 ms
+// timeout as "no timeout").
+constexpr std::chrono::milliseconds kStoreProbe(1);
+
 // Whole milliseconds until `deadline` (0 if past, rounded up), for poll(2).
 inline int pollMs(Clock::time_point deadline) {
   const auto now = Clock::now();

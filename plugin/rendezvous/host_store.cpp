@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "plugin/core/deadline.h"  // deadlineAfter: clamped, saturating
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
 
@@ -22,13 +23,6 @@ using Clock = HostStore::Clock;
 int64_t msLeft(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return std::max<int64_t>(0, left.count());
-}
-
-Clock::time_point deadlineAfter(std::chrono::milliseconds timeout) {
-  // Clamped: a "forever" timeout must not overflow the clock.
-  const auto maxWait = std::chrono::hours(24 * 365 * 100);
-  return Clock::now() + std::min<std::chrono::milliseconds>(
-                            timeout, std::chrono::duration_cast<std::chrono::milliseconds>(maxWait));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include "plugin/core/deadline.h"  // kStoreProbe
 #include "plugin/core/env.h"
 #include "plugin/core/error.h"
 #include "plugin/core/log.h"
@@ -15,8 +16,6 @@ namespace sfsync {
 
 namespace {
 
-// "Is it there now?": Gloo's stores read a 0 ms timeout as "no timeout".
-constexpr std::chrono::milliseconds kProbe(1);
 constexpr int64_t kMarkedAttempts = 64;
 
 const char* envOrNull(const char* name) { return envValue(name); }
@@ -37,7 +36,7 @@ std::string markerKey(int64_t attempt) { return "superseded/" + std::to_string(a
 // The key's value now, or "" when it is not there (or the store cannot say).
 std::string probe(gloo::rendezvous::Store& store, const std::string& key) {
   try {
-    store.wait({key}, kProbe);
+    store.wait({key}, kStoreProbe);
     const std::vector<char> v = store.get(key);
     return std::string(v.begin(), v.end());
   } catch (const std::exception&) {

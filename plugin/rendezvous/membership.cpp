@@ -23,8 +23,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr const char* kRosterKey = "roster";
-// "Is it there now?": Gloo's stores read a 0 ms timeout as "no timeout".
-constexpr std::chrono::milliseconds kProbe(1);
 // How often a waiting rank asks whether its attempt was superseded.
 constexpr std::chrono::milliseconds kGuardPoll(200);
 
@@ -64,9 +62,9 @@ milliseconds bounded(int64_t timeoutMs) {
   return milliseconds(std::min<int64_t>(std::max<int64_t>(timeoutMs, 1), kMaxMs));
 }
 
-// What is left of `deadline`, at least kProbe (never 0: "no timeout" to Gloo).
+// What is left of `deadline`, at least kStoreProbe (never 0: "no timeout" to Gloo).
 milliseconds left(Clock::time_point deadline) {
-  return std::max<milliseconds>(kProbe,
+  return std::max<milliseconds>(kStoreProbe,
                                 std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
 }
 
@@ -143,7 +141,7 @@ void Membership::join(gloo::rendezvous::Store& store) {
     // old roster, do not find their claims in it, and fail the same way.
     bool stale = false;
     try {
-      waitGet(store, kRosterKey, kProbe, "roster");
+      waitGet(store, kRosterKey, kStoreProbe, "roster");
       stale = true;
     } catch (const Error& e) {
       if (e.status() != SF_ERR_TIMEOUT) throw;
@@ -195,7 +193,7 @@ void Membership::joinAsRoot(gloo::rendezvous::Store& store) {
       std::vector<int> missing{r};
       for (int m = r + 1; m < world && missing.size() < 16; ++m) {
         try {
-          waitGet(store, joinKey(m), kProbe, "join");
+          waitGet(store, joinKey(m), kStoreProbe, "join");
         } catch (const Error&) {
           missing.push_back(m);
         }
