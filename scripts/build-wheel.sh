@@ -52,6 +52,9 @@ trap 'rm -rf "$work"' EXIT
 # A plain venv for pip (build isolation: setuptools and wheel from PyPI). One
 # CMake tree per target glibc (the wrappers name it; objects do not).
 /usr/bin/python3 -m venv "$work/pip"
+# Each library as unity sources (SF_UNITY: about a third less compile time;
+# nobody edits in this tree).
+SFSYNC_CMAKE_ARGS="-DSF_UNITY=ON ${SFSYNC_CMAKE_ARGS:-}" \
 SFSYNC_ZIG=$zig SFSYNC_ZIG_GLIBC=$glibc SFSYNC_CMAKE_BUILD_DIR=${SFSYNC_CMAKE_BUILD_DIR:-$root/build-wheel-glibc$glibc} \
   "$work/pip/bin/pip" wheel -q --no-deps -w "$work/dist" "$root" >&2
 # auditwheel adds every lower tag the symbols also allow (today's libraries
