@@ -1201,17 +1201,18 @@ def merge(a):
 SWEEP_VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused", "ddp_overlap",
                   "fsdp2_keep_ring", "sfsync_sharded", "sfsync_sharded_final",
                   "sfsync_perbucket"]
-# The transformer's rows (a window ~0.5-1 s on 2 cores: every variant at
-# 50 x 3 would take ~75 min at 1 Gbit/s): the variants the targets need
-# (the DDPs that were best in the MLP's rows and in the probe, DDP's
-# overlapped optimizer, sfsync's three modes), the compute-only pair for the
-# bound, and at 2 hosts FSDP2 at ring bytes and ZeRO.
-TARGET_VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused",
-                   "ddp_overlap", "sfsync_sharded", "sfsync_sharded_final", "sfsync_perbucket"]
+# The transformer's rows (a window ~0.5-1.3 s on 2 cores: every variant at
+# 50 x 3 would take ~2 h at 1 Gbit/s; the estimate below is ~1.5x short):
+# the variants the targets need, the DDPs that were best in the MLP's rows
+# (default caps, sfsync's cap), DDP's overlapped optimizer, sfsync's three
+# modes; at 2 hosts the compute-only pair for the bound. FSDP2 at ring
+# bytes and ZeRO are in the MLP's rows.
+TARGET_VARIANTS = ["ddp_foreach", "ddp_fused", "ddp_fused_capsf", "ddp_overlap",
+                   "sfsync_sharded", "sfsync_sharded_final", "sfsync_perbucket"]
 # (hosts, rates, models, variants, windows per block, runs)
 GRID = [([2, 4], ["1gbit"], ["mlp"], VARIANTS, 50, 3),
-        ([2], ["1gbit"], ["transformer"],
-         TARGET_VARIANTS + ["ddp_fused_capsf", "fsdp2_keep_ring", "zero_ddp"], 50, 3),
+        ([2], ["1gbit"], ["transformer"], ["compute_only", "compute_only_shard"] + TARGET_VARIANTS,
+         50, 3),
         ([4], ["1gbit"], ["transformer"], TARGET_VARIANTS, 50, 3),
         ([2], ["200mbit", "10gbit", "loopback"], ["mlp"], SWEEP_VARIANTS, 20, 3)]
 # For the estimate: a window's compute at 2 ranks on this 2-core machine
