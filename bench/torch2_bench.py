@@ -83,8 +83,10 @@ more fails the run (--fault VARIANT gives VARIANT 1.5x the learning rate, to
 see the check fail).
 
 Writes, under --out (default bench/results): torch2_bench.json (every
-record), torch2_bench.md (the tables README shows), torch2_bench.png (ms per
-window vs link rate, python3-matplotlib); --smoke writes torch2_bench_smoke.*
+record), torch2_bench.md (the tables docs/speed.md shows),
+torch2_bench_<model>.png (ms per window vs link rate, python3-matplotlib);
+--grid writes one torch2_grid_<model>_<hosts>_<rate>.{json,md} per launch
+and merges them into those; --smoke writes torch2_bench_smoke.*
 and checks that every column was produced. Exit status 77 when clusters
 cannot run here. A benchmark, not a test: the machine is shared, the numbers
 are noisy.
