@@ -22,6 +22,11 @@ own_cpu() {  # cpu: this subshell's own children's CPU time (the background jobs
   read -r -a st < "/proc/$BASHPID/stat"
   cpu=$((st[15] + st[16]))
 }
+job_clock() {  # in a background job: its phases count its own CPU from here
+  cpu_now() { own_cpu; }
+  cpu_now
+  phase_start=$SECONDS phase_cpu=$cpu
+}
 cpu_now
 phase_start=$SECONDS phase_cpu=$cpu start_cpu=$((cpu / ticks))
 took() {
@@ -51,7 +56,7 @@ build() {  # build DIR [--target "T..."] [cmake args...]
 # and check that nothing a unit test names is missing. clang-14 (its ASan,
 # UBSan and TSan; it compiles these trees ~40 % faster than GCC 12), Debug
 # with -g1 (line tables: a sanitizer report still names file:line), each
-# library as unity sources (SF_UNITY: half the libraries' compile time here;
+# library as unity sources (SF_UNITY: half the libraries' compile time in these;
 # nobody edits in these trees).
 build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
   local dir=$1 targets=$2; shift 2
@@ -94,16 +99,14 @@ took "packages, the torch2 venv"
 #     tests/fuzz/run.sh).
 # Each logs into its tree; a failure is reported when its result is needed.
 mkdir -p build build-asan
-( cpu_now() { own_cpu; }  # this job's own CPU
-  cpu_now; phase_start=$SECONDS phase_cpu=$cpu
+( job_clock
   # The wheel test's downloads (a failure here is the wheel test's to report),
   # then the docs venv (docs_site reports a failure: a failure with CI=true).
   python3 tests/python/packaging/test_wheel.py --prepare | tail -1 || true
   bash scripts/docs-venv.sh | tail -1 || echo "== scripts/docs-venv.sh failed: docs_site cannot run"
   took "downloads: the wheel test's tools and root, the docs venv" ) > build/downloads.log 2>&1 &
 downloads_pid=$!
-( cpu_now() { own_cpu; }  # this job's own CPU
-  cpu_now; phase_start=$SECONDS phase_cpu=$cpu
+( job_clock
   # The tool venv first, at normal priority (the downloads job waits for it
   # on its lock: made at idle priority, it would wait for the normal build).
   bash scripts/build-wheel.sh --tools > /dev/null || exit
@@ -115,8 +118,7 @@ wheel_pid=$!
 # start fuzz_build: held (fd 7) by the background builds until that tree is built.
 exec 7> build-asan.lock
 flock 7
-( cpu_now() { own_cpu; }  # this job's own CPU
-  cpu_now; phase_start=$SECONDS phase_cpu=$cpu
+( job_clock
   chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: these builds run at normal priority"
   build_unit build-asan "sf_unit_tests sf_fuzzers" -DSF_SANITIZE=address -DSF_FUZZERS=ON
   flock -u 7
