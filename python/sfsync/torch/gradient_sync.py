@@ -445,7 +445,7 @@ class GradientSync(WindowFace, Weighing):
         return self._optimizer
 
     def optimizer(self, optimizer_class, params, overlap_gather=True, overlap_step=False,
-                  **defaults):
+                  whole_gradients=True, **defaults):
         """``optimizer_class(params, **defaults)`` over this rank's shards
         with ``shard_optimizer=True``, over the parameters otherwise. A
         torch.optim.Optimizer (param_groups, state, step, zero_grad,
@@ -454,11 +454,16 @@ class GradientSync(WindowFace, Weighing):
         steps bucket by bucket as each reduction completes inside
         ``opt.step()`` instead, and forbids reading ``.grad`` between the
         window's last backward and ``opt.step()`` (clip with
-        ``opt.clip_grad_norm_``)."""
+        ``opt.clip_grad_norm_``). ``whole_gradients=False`` (sharded; or a
+        callable asked at each window's end): no gradient gather, ``.grad``
+        holds this rank's ranges only, for a loop in which nothing but
+        ``opt.clip_grad_norm_`` and ``opt.step()`` reads it (the frameworks'
+        integrations decide it for theirs)."""
         from sfsync.torch.optim import SyncOptimizer
         self._optimizer = SyncOptimizer(self, optimizer_class, params,
                                         overlap_gather=overlap_gather,
                                         overlap_step=overlap_step,
+                                        whole_gradients=whole_gradients,
                                         after_synchronize=self._after_synchronize, **defaults)
         return self._optimizer
 

@@ -97,6 +97,7 @@ import weakref
 import torch
 
 from sfsync import shard
+from sfsync.torch import clip
 from sfsync.torch.face import SET_TO_NONE_DEFAULT
 from sfsync.torch.optim_state import ShardedStateDicts
 
@@ -147,7 +148,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
     groups' hyperparameters were copied into its groups."""
 
     def __init__(self, sync, optimizer_class, params, overlap_gather=True, overlap_step=False,
-                 after_synchronize=None, **defaults):
+                 after_synchronize=None, whole_gradients=True, **defaults):
         if not (isinstance(optimizer_class, type) and
                 issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError("sync.optimizer: optimizer_class must be a torch.optim.Optimizer "
@@ -158,6 +159,12 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             raise ValueError("sync.optimizer(overlap_step=True) steps a bucket before the "
                              "window's gradients are cast into .grad; GradientSync(accumulate_"
                              "dtype=%s) needs overlap_step=False" % sync.accumulate_dtype)
+        if not (isinstance(whole_gradients, bool) or callable(whole_gradients)):
+            raise TypeError("sync.optimizer: whole_gradients must be True, False or a callable "
+                            "returning one, not %r" % (whole_gradients,))
+        self._whole_rule = whole_gradients
+        self._whole = True   # every .grad holds the whole reduced gradient (once waited)
+        self._split = None   # per slot: the gradient straddles two ranks (first clip)
         self._sync = weakref.proxy(sync)
         self._store = sync.store
         self._after_synchronize = after_synchronize if after_synchronize is not None else (
@@ -328,8 +335,23 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         self._phase = Phase.REDUCING
         self._waited = set()
         self._global_used = None
+        self._whole = not self._sharded
         if not self.overlap_step:
-            self._synchronize(whole=True)
+            self._synchronize(whole=self._wants_whole())
+
+    def _wants_whole(self):
+        rule = self._whole_rule
+        return bool(rule() if callable(rule) else rule)
+
+    @property
+    def gradients_whole(self):
+        """True when every ``.grad`` holds the whole reduced gradient once
+        the window's reductions are waited: unsharded, or sharded after the
+        gradient gather (the default: ``whole_gradients=True``). False in a
+        sharded window whose gradients are this rank's ranges only
+        (``overlap_step=True``, ``whole_gradients=False``): clip with
+        ``opt.clip_grad_norm_``, or call ``opt.gather_gradients()``."""
+        return not self._sharded or self._whole
 
     def window_failed(self):
         """The window's synchronization failed and the plugin ended it (a
@@ -368,8 +390,29 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         if self._sharded and whole:
             shard.gather_gradients(sync.context)
             self._store.after_plugin()
+            self._whole = True
         self._after_synchronize()
         self._phase = Phase.SYNCHRONIZED
+
+    def gather_gradients(self):
+        """Sharded: make every ``.grad`` the whole reduced gradient now
+        (sf_gather_gradients, half an all-reduce's bytes), in a window whose
+        gradients were left as this rank's ranges (``whole_gradients=False``
+        or ``overlap_step=True``); nothing when they are whole already. Between
+        the window's last backward and ``opt.step()`` (collective: every rank
+        calls it)."""
+        if self.gradients_whole:
+            return
+        if self._phase not in (Phase.REDUCING, Phase.SYNCHRONIZED):
+            raise RuntimeError("sfsync: opt.gather_gradients() %s: call it between the window's "
+                               "last backward and opt.step()" % (
+                                   "after opt.step() (the parameter gathers started)"
+                                   if self._phase == Phase.STEPPED else
+                                   "before the window's last backward"))
+        self.wait_gradients()
+        shard.gather_gradients(self._sync.context)
+        self._store.after_plugin()
+        self._whole = True
 
     def wait_gradients(self):
         """Wait for every bucket's reduction now (the gradients are final:
@@ -414,12 +457,9 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             return
         if self._sharded:
             for s in slots:
-                # The view into p.grad (float32), or a fresh float32 copy of
-                # it for a master shard (torch's clip may have scaled p.grad).
-                g = self._grad_of(s)
-                if g is not None and self._scale is not None:
-                    g = g * self._scale if s.master else g.mul_(self._scale)
-                s.tensor.grad = g
+                # The view into p.grad, or a fresh float32 copy of it for a
+                # master shard (after any clip scaled p.grad in place).
+                s.tensor.grad = self._grad_of(s)
         inner = self._inner[slots[0].bucket]  # (the slots of one bucket)
         self._hyperparameters_in(inner)
         inner.step()
@@ -447,8 +487,6 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             shard.start_gather(self._sync.context, b)
             self._gathering.add(b)
 
-    _scale = None  # the clipping factor for sharded master gradients (None: 1)
-
     @torch.no_grad()
     def step(self, closure=None):
         """Step every parameter this rank owns (the inner optimizer's step),
@@ -467,17 +505,14 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         if self._phase == Phase.STEPPED:
             raise RuntimeError("sfsync: opt.step() was already called for window %d; step once "
                                "per window (when sync.is_step() is True)" % sync.windows)
-        try:
-            mask_apart = self._sharded and self._store.mask is not None  # summed apart
-            if self._phase == Phase.REDUCING and not mask_apart:
-                self._step_per_bucket()
-            else:
-                self.wait_gradients()
-                for b in range(self._buckets):
-                    self._step_bucket(b)
-                self._start_gathers()
-        finally:
-            self._scale = None
+        mask_apart = self._sharded and self._store.mask is not None  # summed apart
+        if self._phase == Phase.REDUCING and not mask_apart:
+            self._step_per_bucket()
+        else:
+            self.wait_gradients()
+            for b in range(self._buckets):
+                self._step_bucket(b)
+            self._start_gathers()
         self._phase = Phase.STEPPED if self._sharded else Phase.IDLE
         self.steps += 1
         return loss
@@ -522,42 +557,82 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """torch.nn.utils.clip_grad_norm_ over every parameter of the sync's
-        module (the global gradient norm); returns the total norm. Sharded:
-        one sf_allreduce_float64 of the shard's sum of |g|^p. Before step()."""
+        module (the global gradient norm; the gradients scaled in place);
+        returns the total norm. Before step().
+
+        Bit for bit torch's wherever the result can be: whole gradients
+        (unsharded, or sharded after the gather) go to torch's function; a
+        sharded window's ranges where each rank owns its gradients whole
+        (no gradient straddles two ranks: shard_layout="parameter", often a
+        flat layout too) add the per-tensor norms with one
+        sf_allreduce_float64 (sfsync/torch/clip.py). Where some gradient
+        straddles ranks: with ``whole_gradients=False`` the gradients are
+        gathered first (exact again, at the gather's bytes); with
+        ``overlap_step=True`` the norm is accumulated in float64 from the
+        ranges (one sf_allreduce_float64; it may differ from torch's float32
+        one in the last bits)."""
         max_norm, norm_type = float(max_norm), float(norm_type)
-        if math.isinf(norm_type) or norm_type <= 0:
-            raise ValueError("clip_grad_norm_: norm_type must be a finite p > 0, not %r"
+        if math.isnan(norm_type) or norm_type <= 0:
+            raise ValueError("clip_grad_norm_: norm_type must be p > 0 or inf, not %r"
                              % norm_type)
         self.wait_gradients()
-        grads = [g for g in (self._grad_of(s) for s in
-                             (self._slots if not self._sharded else self._stepped_or_owned()))
-                 if g is not None]
-        total = sum(float(g.double().abs().pow(norm_type).sum()) for g in grads)
-        if self._sharded:
-            t = torch.tensor([total], dtype=torch.float64)
-            shard.allreduce_float64(self._sync.context, t)
-            total = float(t[0])
-        norm = total ** (1.0 / norm_type)
-        # in the gradients' precision, as torch's clip (float32 unless float64)
-        wide = any(g.dtype == torch.float64 for g in grads)
-        coef = torch.clamp(torch.tensor(max_norm / (norm + 1e-6),
-                                        dtype=torch.float64 if wide else torch.float32), max=1.0)
-        if self._sharded:
-            self._scale = coef
+        if self.gradients_whole:
+            return torch.nn.utils.clip_grad_norm_([s.param for s in self._slots], max_norm,
+                                                  norm_type)
+        slots = [s for s in self._slots if s.param.grad is not None]
+        split = self._straddling()
+        if any(split[s.index] for s in slots):
+            if not self.overlap_step:
+                self.gather_gradients()
+                return torch.nn.utils.clip_grad_norm_([s.param for s in self._slots], max_norm,
+                                                      norm_type)
+            if math.isinf(norm_type):
+                raise ValueError("clip_grad_norm_: norm_type inf of an overlap_step=True "
+                                 "optimizer whose gradients straddle ranks (flat layout) is "
+                                 "not supported; use a finite p, or shard_layout='parameter'")
+            total = self._float64_norm(slots, norm_type)
         else:
-            for g in grads:
-                g.mul_(coef.to(g.dtype))
-        return torch.tensor(norm, dtype=torch.float32)
+            total = self._exact_norm(slots, norm_type)
+        coef = clip.clip_coefficient(max_norm, total)
+        for s in slots:
+            if s.count > 0:
+                s.piece(s.param.grad).mul_(coef.to(s.param.grad.device))
+        return total
 
-    def _stepped_or_owned(self):
-        # every owned range (a parameter outside the optimizer's groups
-        # counts in the model's norm too: torch's function sees all)
-        out = list(self._stepped)
-        out += [s for s in self._unstepped if s.count > 0]
-        for s in out:
-            if s.tensor is None:
-                self._make_tensor(s)
-        return out
+    def _straddling(self):
+        """Per slot: its gradient straddles two ranks (the same answer on
+        every rank: one sf_allreduce_float64, the first time)."""
+        if self._split is None:
+            t = torch.tensor([1.0 if 0 < s.count < s.param.numel() else 0.0
+                              for s in self._slots], dtype=torch.float64)
+            shard.allreduce_float64(self._sync.context, t)
+            self._split = [v > 0 for v in t.tolist()]
+        return self._split
+
+    def _exact_norm(self, slots, norm_type):
+        """torch's total norm: each rank's whole gradients' norms (torch's
+        function), summed across ranks (0.0 from the others: exact)."""
+        grads = [s.param.grad for s in slots]
+        mine = [k for k, s in enumerate(slots) if s.count == s.param.numel() and s.count > 0]
+        t = torch.zeros(len(slots), dtype=torch.float64)
+        for k, n in zip(mine, clip.tensor_norms([grads[k] for k in mine], norm_type)):
+            t[k] = float(n)
+        shard.allreduce_float64(self._sync.context, t)
+        norms = [torch.tensor(v, dtype=g.dtype, device=g.device)
+                 for v, g in zip(t.tolist(), grads)]
+        return clip.total_norm(norms, grads, norm_type)
+
+    def _float64_norm(self, slots, norm_type):
+        """The norm accumulated in float64 from this rank's ranges (one
+        sf_allreduce_float64), as a float32 tensor (float64 gradients: float64)."""
+        pieces = [s.piece(s.param.grad) for s in slots if s.count > 0]
+        t = torch.tensor([sum(float(g.double().abs().pow(norm_type).sum()) for g in pieces)],
+                         dtype=torch.float64)
+        shard.allreduce_float64(self._sync.context, t)
+        wide = any(s.param.grad.dtype == torch.float64 for s in slots)
+        return torch.tensor(float(t[0]) ** (1.0 / norm_type),
+                            dtype=torch.float64 if wide else torch.float32)
+
 
 def _read_pre_hook(me):
     def hook(module, prefix, keep_vars):

@@ -26,6 +26,13 @@ the same scheduler and torch.nn.utils.clip_grad_norm_ on the full model.
     bf16                   bf16 parameters, float32 master shards, against a single-process
                            reference (every rank's micro-batches replayed here)
     attach                 attach(ddp) (DDP kept) with set_accumulation_steps: DDP's weights
+    shards / shards-parameter  whole_gradients=False (no gradient gather) with
+                           opt.clip_grad_norm_ (clipping windows 1 and 3, not 2) against the
+                           default (the gather, torch's clip over the model): the same norms and
+                           weights bit for bit, and per window one all-gather per bucket
+                           (parameters only) where no gradient straddles two ranks or nothing
+                           clips; flat: the clipping windows gather gradients first when some
+                           gradient straddles ranks (they do here), exact all the same
     bad input              step before synchronization, a parameter not in the module, a second
                            optimizer, an unknown layout
 
@@ -304,6 +311,62 @@ def case_parity(rank, world, c, layout, clip=0.05, unused=True, refs=None):
     return "%s %.1e%s" % (case, diff, "" if ratio is None else " state %.3f/W" % ratio)
 
 
+def run_shards(rank, c, case, layout, whole):
+    """Windows 1 and 3 clip, 2 does not; returns (model, norms, the
+    all-gathers of each window, straddling)."""
+    model = make_net(True)
+    sync = gsync(model, accumulation_steps=WINDOWS[0], shard_optimizer=True,
+                 shard_layout=layout, bucket_cap_mb=0.002, first_bucket_cap_mb=0.001)
+    opt = sync.optimizer(torch.optim.AdamW, groups_of(model), lr=0.01, whole_gradients=whole)
+    sched = schedule(opt)
+    norms, gathers = [], []
+    for w, n in enumerate(WINDOWS):
+        sync.set_accumulation_steps(n)
+        before = shard.stats(sync.context)
+        for i in range(n):
+            loss_of(model, rank, w, i, n).backward()
+        c.that(opt.gradients_whole == whole, "%s: gradients_whole %s at the window's end"
+               % (case, opt.gradients_whole))
+        if w != 1:
+            if whole:  # the default: torch's own clip over the model, as users write it
+                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05))
+            else:
+                norms.append(opt.clip_grad_norm_(0.05))
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        opt.wait_parameters()
+        gathers.append(shard.stats(sync.context)["all_gathers"] - before["all_gathers"])
+    straddling = any(opt._straddling()) if not whole else None
+    buckets = buckets_of(sync)
+    sync.close()
+    return model, norms, gathers, straddling, buckets
+
+
+def case_shards(rank, world, c, layout):
+    """whole_gradients=False against the default: the same bits (the module
+    docstring)."""
+    case = "shards" if layout == "flat" else "shards-parameter"
+    ref, ref_norms, ref_gathers, _, buckets = run_shards(rank, c, case, layout, True)
+    model, norms, gathers, straddling, _ = run_shards(rank, c, case, layout, False)
+    same = all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))
+    c.that(same, "%s: weights differ from the default's (gradient gather, torch's clip)" % case)
+    c.that(len(norms) == len(ref_norms) and all(torch.equal(a, b) for a, b in
+                                                zip(norms, ref_norms)),
+           "%s: norms %s, torch's over the gathered gradients %s"
+           % (case, [float(x) for x in norms], [float(x) for x in ref_norms]))
+    c.that(ref_gathers == [2 * buckets] * len(WINDOWS),
+           "%s: the default gathered %s per window, want gradients + parameters (2 x %d)"
+           % (case, ref_gathers, buckets))
+    want = [buckets if (w == 1 or not straddling) else 2 * buckets for w in range(len(WINDOWS))]
+    c.that(gathers == want, "%s: all-gathers per window %s, want %s (straddling: %s)"
+           % (case, gathers, want, straddling))
+    if layout == "parameter":
+        c.that(not straddling, "%s: a gradient straddles two ranks in the parameter layout"
+               % case)
+    return "%s gathers %s (default %s)" % (case, gathers, ref_gathers)
+
+
 def buckets_of(sync):
     return sync.context.stats()["bucket_count"]
 
@@ -460,6 +523,7 @@ def case_bad_input(rank, world, c):
 
 
 CASES = ("flat,parameter,flat-perbucket,unsharded,unsharded-perbucket,memory,memory-parameter,"
+         "shards,shards-parameter,"
          "bf16,attach,bad")
 
 
@@ -485,6 +549,10 @@ def run_cases(rank, world, cases, c):
             done.append(case_bf16(rank, world, c))
         elif name == "attach":
             done.append(case_attach(rank, world, c, refs))
+        elif name == "shards":
+            done.append(case_shards(rank, world, c, "flat"))
+        elif name == "shards-parameter":
+            done.append(case_shards(rank, world, c, "parameter"))
         elif name == "bad":
             done.append(case_bad_input(rank, world, c))
         else:
