@@ -11,11 +11,11 @@ import inspect
 import torch
 
 __all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer", "split_options",
-           "consolidate_for_save"]
+           "consolidate_for_save", "owned_gradients", "overrides"]
 
 #: Options of sync.optimizer(...) (sfsync/torch/optim.py) that a framework's
 #: integration takes with GradientSync's and passes to the optimizer it builds.
-OPTIMIZER_OPTIONS = ("overlap_step", "overlap_gather")
+OPTIMIZER_OPTIONS = ("overlap_step", "overlap_gather", "whole_gradients")
 
 
 def split_options(options):
@@ -61,16 +61,35 @@ class SyncedModule(torch.nn.Module):
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Clip by the global gradient norm (as FSDP's method of the same
         name); returns the norm before clipping. While every ``.grad`` is
-        final (GradientSync's rule), ``torch.nn.utils.clip_grad_norm_`` over
-        the module's parameters: DDP's result bit for bit. With an
-        ``overlap_step=True`` optimizer, whose gradients are final only
-        inside its own clip and step, that optimizer's ``clip_grad_norm_``
-        (global also when sharded; the norm accumulated in float64 from the
-        shards, so it can differ from torch's float32 one in the last bits)."""
+        whole (GradientSync's default), ``torch.nn.utils.clip_grad_norm_``
+        over the module's parameters: DDP's result bit for bit. With a
+        sharded optimizer whose gradients are this rank's ranges
+        (``overlap_step=True``, or ``whole_gradients=False``, which the
+        integrations choose where they own every reader of ``.grad``), that
+        optimizer's ``clip_grad_norm_``: torch's bits wherever each rank owns
+        its gradients whole (sfsync/torch/optim.py)."""
         opt = sync_optimizer(self.sync)
-        if opt is not None and getattr(opt, "overlap_step", False):
+        if opt is not None and (getattr(opt, "overlap_step", False) or
+                                not getattr(opt, "gradients_whole", True)):
             return opt.clip_grad_norm_(max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)
+
+
+def owned_gradients(optimizer_options, owns_readers):
+    """``optimizer_options`` with ``whole_gradients`` decided by the
+    framework's integration unless the user gave it: whole (the gradient
+    gather) unless ``owns_readers()`` says that nothing but sfsync reads
+    ``.grad`` between the window's last backward and the step (asked at
+    each window's end, so callbacks added later count)."""
+    if "whole_gradients" in optimizer_options:
+        return dict(optimizer_options)
+    return dict(optimizer_options, whole_gradients=lambda: not owns_readers())
+
+
+def overrides(obj, base, names):
+    """The names of ``names`` that ``type(obj)`` defines otherwise than
+    ``base`` does (a framework hook or method a user class replaced)."""
+    return [n for n in names if getattr(type(obj), n, None) is not getattr(base, n, None)]
 
 
 def sync_optimizer(sync):

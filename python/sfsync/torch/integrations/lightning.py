@@ -17,7 +17,18 @@ the scheduler on it. ``overlap_step=True`` (sync.optimizer's opt-in, also
 ``overlap_gather``) is passed to that optimizer: each bucket's shard steps as
 its reduction lands and no gradient gather is sent (1x the bytes instead of
 1.5x at W = 2), but ``.grad`` is final only inside the clip and the step
-(callbacks that read it in between see partial values). A 16-bit wire: ``SfsyncStrategy(wire_dtype=
+(callbacks that read it in between see partial values). Without it the
+sharded optimizer leaves out the gradient gather too
+(``whole_gradients=False``) whenever nothing but sfsync reads ``.grad``
+between the window's last backward and the step: no GradScaler (16-mixed),
+and neither the LightningModule nor a callback replaces a hook that runs
+there (``on_after_backward``, ``on_before_optimizer_step``,
+``configure_gradient_clipping``, ``optimizer_step``, ``on_before_zero_grad``,
+...; decided at each window's end); ``gradient_clip_val`` then clips by
+torch's norm bit for bit wherever each rank owns its gradients whole
+(``shard_layout="parameter"``), else it gathers first.
+``SfsyncStrategy(whole_gradients=True)`` keeps the gather always
+(``False``: never, for hooks known not to read ``.grad``). A 16-bit wire: ``SfsyncStrategy(wire_dtype=
 sfsync.DTYPE_BFLOAT16)`` (or ``SF_WIRE_DTYPE=bf16``). Other keyword
 arguments go to ``sfsync.torch.GradientSync`` (bucket_cap_mb, ...), those of
 DDPStrategy's constructor (process_group_backend, timeout, ...) to it.
@@ -60,11 +71,12 @@ would clip a sharded optimizer's shards by their local norm).
 
 import contextlib
 import inspect
+import weakref
 
 from lightning.pytorch.strategies import DDPStrategy
 
-from sfsync.torch.integrations._module import (SyncedModule, rebuild_optimizer, split_options,
-                                         sync_optimizer)
+from sfsync.torch.integrations._module import (SyncedModule, overrides, owned_gradients,
+                                               rebuild_optimizer, split_options, sync_optimizer)
 
 __all__ = ["SfsyncStrategy"]
 
@@ -111,7 +123,35 @@ class SfsyncStrategy(DDPStrategy):
             raise RuntimeError("SfsyncStrategy.optimizer: no GradientSync yet (call it from "
                                "configure_optimizers, during fit)")
         return self.sync.optimizer(optimizer_class, params,
-                                   **dict(self._optimizer_options, **defaults))
+                                   **dict(self._owned_options(), **defaults))
+
+    def _owned_options(self):
+        me = weakref.WeakMethod(self._owns_gradient_readers)
+        return owned_gradients(self._optimizer_options, lambda: me() is not None and me()())
+
+    #: Hooks that run between a window's last backward and the step's end
+    #: (where .grad is read, e.g. to log its norm): a LightningModule's, a
+    #: Callback's.
+    MODULE_READERS = ("backward", "on_after_backward", "on_before_optimizer_step",
+                      "configure_gradient_clipping", "optimizer_step", "on_before_zero_grad",
+                      "optimizer_zero_grad")
+    CALLBACK_READERS = ("on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+
+    def _owns_gradient_readers(self):
+        """True when nothing but sfsync reads ``.grad`` between a window's
+        last backward and the step's end, so that the sharded optimizer
+        needs no gradient gather: no GradScaler in the precision plugin, and
+        none of MODULE_READERS / CALLBACK_READERS replaced by the
+        LightningModule or a callback."""
+        import lightning.pytorch as pl
+        if getattr(self.precision_plugin, "scaler", None) is not None:
+            return False
+        module = self.lightning_module
+        if module is None or overrides(module, pl.LightningModule, self.MODULE_READERS):
+            return False
+        trainer = getattr(module, "_trainer", None)
+        return not any(overrides(cb, pl.Callback, self.CALLBACK_READERS)
+                       for cb in (trainer.callbacks if trainer is not None else ()))
 
     def setup_optimizers(self, trainer):
         super().setup_optimizers(trainer)
@@ -131,7 +171,7 @@ class SfsyncStrategy(DDPStrategy):
                                    "self.trainer.strategy.optimizer(%s, params, ...) and build "
                                    "the scheduler on it" % (type(opt).__name__,
                                                              type(opt).__name__))
-            self.optimizers[i] = rebuild_optimizer(self.sync, opt, **self._optimizer_options)
+            self.optimizers[i] = rebuild_optimizer(self.sync, opt, **self._owned_options())
             mine = self.optimizers[i]
 
     def setup(self, trainer):

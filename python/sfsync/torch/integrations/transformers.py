@@ -16,7 +16,17 @@ and parameter groups; ``wire_dtype=sfsync.DTYPE_BFLOAT16`` (or
 ``SF_WIRE_DTYPE=bf16``) a 16-bit wire; verify_every, bucket_cap_mb, ...;
 ``overlap_step=True`` goes to the sharded optimizer (no gradient gather: 1x
 the bytes instead of 1.5x at W = 2; ``.grad`` final only inside the clip
-and the step, which is all the Trainer reads).
+and the step, which is all the Trainer reads). Without it the sharded
+optimizer leaves out the gradient gather too (``whole_gradients=False``)
+whenever nothing but sfsync reads ``.grad`` between the window's last
+backward and the step: no fp16 GradScaler, no callback with
+``on_pre_optimizer_step`` / ``on_optimizer_step``, no Trainer subclass
+replacing ``training_step`` or the clip and norm methods (decided at each
+window's end); the clip and the logged grad norm are then torch's bit for
+bit wherever each rank owns its gradients whole
+(``shard_layout="parameter"``), else the clip gathers first.
+``sync_options=dict(whole_gradients=True)`` keeps the gather always
+(``False``: never, for callbacks known not to read ``.grad``).
 ``sync_options=dict(keep_ddp=True, verify_every=K)`` keeps the Trainer's
 DDP instead and attaches sfsync to it (``sfsync.torch.attach``: sfsync's
 comm hook follows DDP's ``no_sync()``; verify_every; no sharding or 16-bit
@@ -72,7 +82,8 @@ import weakref
 from transformers import Trainer, TrainerCallback
 
 from sfsync.torch.integrations._module import (SyncedModule, consolidate_for_save,
-                                               rebuild_optimizer, split_options, sync_optimizer)
+                                               overrides, owned_gradients, rebuild_optimizer,
+                                               split_options, sync_optimizer)
 
 #: sfsync's own window state (sync.state_dict()) in a Trainer checkpoint folder.
 SYNC_STATE_NAME = "sfsync_sync.pt"
@@ -127,9 +138,27 @@ class SfsyncTrainerMixin:
         optimizer = super().create_optimizer(model)
         if self._sync_options.get("shard_optimizer") and \
                 sync_optimizer(self._sfsync()) is not optimizer:
-            optimizer = rebuild_optimizer(self.sync, optimizer, **self._optimizer_options)
+            me = weakref.WeakMethod(self._owns_gradient_readers)
+            optimizer = rebuild_optimizer(self.sync, optimizer, **owned_gradients(
+                self._optimizer_options, lambda: me() is not None and me()()))
             self.optimizer = optimizer
         return optimizer
+
+    def _owns_gradient_readers(self):
+        """True when nothing but sfsync reads ``.grad`` between a window's
+        last backward and the step's end, so that the sharded optimizer
+        needs no gradient gather (the module docstring): no GradScaler
+        (fp16), no callback with on_pre_optimizer_step / on_optimizer_step,
+        and no Trainer class of the user's replacing training_step or the
+        clip and norm methods."""
+        if getattr(self.accelerator, "scaler", None) is not None:
+            return False
+        if any(overrides(cb, TrainerCallback, ("on_pre_optimizer_step", "on_optimizer_step"))
+               for cb in self.callback_handler.callbacks):
+            return False
+        return not any(name in vars(klass) for klass in type(self).__mro__
+                       if klass not in (SfsyncTrainerMixin, Trainer, object)
+                       for name in ("training_step", "_clip_grad_norm", "_get_grad_norm"))
 
     def _wrap_model(self, model, training=True, dataloader=None):
         if not training or self._keep_ddp:

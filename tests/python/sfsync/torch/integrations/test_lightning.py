@@ -12,6 +12,14 @@ one torchrun launch, several fits:
               gradient gather (.grad final only inside the clip and step, so
               the norms are not printed)
     bf16      SfsyncStrategy(wire_dtype=bf16)
+    sharded-parameter  SfsyncStrategy(shard_optimizer=True, shard_layout="parameter"):
+              the module's configure_gradient_clipping reads .grad, so the
+              gradient gather stays (1.5x)
+    sharded-owned  the same strategy, a module without that hook and windows
+              marked after the step (on_train_batch_end): nothing but sfsync
+              reads .grad, so no gradient gather (1x), Lightning's own clip
+              from the owned whole gradients, the weights bitwise
+              sharded-parameter's
 
 52 samples, batch 4, N = 3, 2 epochs: the DistributedSampler gives each
 rank 26 samples, 7 batches (the last of 2), windows 3, 3, 1 (Lightning steps
@@ -66,6 +74,10 @@ class Net(lightning.LightningModule):
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=LR)
 
+
+class RecordingNet(Net):
+    """Net that records the clip norms and marks the windows in its clip hook."""
+
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None):
         if self.record_norms:  # (overlap_step: .grad is final inside the clip only)
@@ -87,6 +99,22 @@ class Bytes(lightning.Callback):
         self.windows.micro()
 
 
+class StepMarks(Bytes):
+    """Bytes with the windows marked after the step, once the parameter
+    gathers in flight are waited (a sharded module's parameters() waits:
+    the mark would race them), in a hook that runs after the step."""
+
+    def __init__(self):
+        super().__init__()
+        self._steps = 0
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step != self._steps:
+            self._steps = trainer.global_step
+            list(module.parameters())
+            self.windows.step()
+
+
 def loader():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(SAMPLES, 64, generator=g), torch.randn(SAMPLES, 8, generator=g)
@@ -94,8 +122,8 @@ def loader():
                                        batch_size=BATCH, shuffle=False)
 
 
-def fit(strategy, record_norms=True):
-    model, counter = Net(), Bytes()
+def fit(strategy, record_norms=True, owned=False):
+    model, counter = (Net(), StepMarks()) if owned else (RecordingNet(), Bytes())
     model.record_norms = record_norms
     model.windows = counter.windows
     trainer = lightning.Trainer(accelerator="gpu" if C.DEVICE == "cuda" else "cpu",
@@ -120,7 +148,15 @@ def main():
              ("sharded-overlap", dict(shard_optimizer=True, overlap_step=True), OVERLAP_TOL,
               (0.95, 1.10)),
              ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), BF16_TOL,
-              (0.45, 0.60))]
+              (0.45, 0.60)),
+             # (its one bucket's 3 weights are cut into 2 groups of unequal size,
+             # and each rank sends its own group in the gradient gather: the two
+             # ranks write 1.2x and 1.8x, together 2 x 1.5x)
+             ("sharded-parameter", dict(shard_optimizer=True, shard_layout="parameter"), 1e-6,
+              (1.15, 1.85)),
+             ("sharded-owned", dict(shard_optimizer=True, shard_layout="parameter"), 1e-6,
+              (0.95, 1.10))]
+    weights = {}
     for name, options, tol, ratio in C.selected(cases):
         strategy = SfsyncStrategy(**options)
         seen = {}
@@ -133,7 +169,8 @@ def main():
                             optimizer=type(strategy.optimizers[0]).__name__)
             original()
         strategy.teardown = teardown
-        model, windows, trainer = fit(strategy, record_norms="overlap_step" not in options)
+        model, windows, trainer = fit(strategy, record_norms="overlap_step" not in options,
+                                      owned=name == "sharded-owned")
         C.say("%s: clip norms %s" % (name, " ".join("%.3f" % n for n in model.norms)))
         bf16 = "wire_dtype" in options
         C.report(checks, name, C.flat(model), ref, windows, ref_windows, gbytes, tol, ratio,
@@ -151,6 +188,18 @@ def main():
         if options.get("shard_optimizer"):
             checks.that(seen.get("optimizer") == "SyncOptimizer" and st.get("reduce_scatters"),
                         "%s: the optimizer is sfsync's sharded one" % name)
+        weights[name] = C.flat(model)
+        if name == "sharded-owned":
+            # one all-gather per bucket per window: the parameters only
+            want = st.get("bucket_count", 0) * seen.get("windows", 0)
+            checks.that(st.get("all_gathers") == want,
+                        "%s: %s all-gathers, %d buckets x windows (no gradient gather)"
+                        % (name, st.get("all_gathers"), want))
+            if "sharded-parameter" in weights:
+                checks.that(torch.equal(weights[name], weights["sharded-parameter"]),
+                            "%s: weights bitwise those of the gradient-gather run (max diff "
+                            "%.3g)" % (name, (weights[name] - weights["sharded-parameter"])
+                                       .abs().max().item()))
     checks.finish("test_lightning")
 
 

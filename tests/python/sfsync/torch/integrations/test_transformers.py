@@ -10,6 +10,13 @@ torchrun launch, several trainings of a tiny GPT-2 built from a config:
               clip through its global clip_grad_norm_
     sharded-overlap  ... dict(shard_optimizer=True, overlap_step=True): no
               gradient gather
+    sharded-parameter  ... dict(shard_optimizer=True, shard_layout="parameter"),
+              with the byte counter's on_pre_optimizer_step callback: a reader
+              the Trainer does not own, so the gradient gather stays (1.5x)
+    sharded-owned  the same with a counter that marks windows at on_step_end
+              only: nothing but sfsync reads .grad, so no gradient gather
+              (1x) and the clip from the owned whole gradients: the weights
+              bitwise sharded-parameter's
     bf16      SfsyncTrainer(sync_options=dict(wire_dtype=bf16))
     attach    SfsyncTrainer(sync_options=dict(keep_ddp=True, verify_every=1)): the
               Trainer's DDP kept, sfsync.torch.attach on it
@@ -87,8 +94,29 @@ class Bytes(TrainerCallback):
         self.windows.step()
 
 
-def train(cls, out, **kw):
-    counter = Bytes()
+class StepEndBytes(TrainerCallback):
+    """Bytes's windows marked after the step (no hook between the window's
+    last backward and the step: the Trainer owns every .grad reader)."""
+
+    def __init__(self):
+        self.windows = C.Windows()
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.windows.start()
+
+    def on_substep_end(self, args, state, control, **kw):
+        self.windows.micro()
+
+    def on_step_end(self, args, state, control, **kw):
+        # a sharded model's parameters() waits for the gathers in flight: the
+        # mark then follows the window's parameter gather (it would race it)
+        list(kw["model"].parameters())
+        self.windows.micro()
+        self.windows.step()
+
+
+def train(cls, out, counter_class=Bytes, **kw):
+    counter = counter_class()
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=BATCH,
                              gradient_accumulation_steps=N, num_train_epochs=EPOCHS,
                              learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
@@ -114,11 +142,17 @@ def main():
              ("sharded", dict(shard_optimizer=True, verify_every=2), 1e-6, SHARDED),
              ("sharded-overlap", dict(shard_optimizer=True, overlap_step=True), OVERLAP_TOL,
               (0.95, 1.10)),
+             ("sharded-parameter", dict(shard_optimizer=True, shard_layout="parameter"), 1e-6,
+              SHARDED),
+             ("sharded-owned", dict(shard_optimizer=True, shard_layout="parameter"), 1e-6,
+              (0.95, 1.10)),
              ("bf16", dict(wire_dtype=sfsync.DTYPE_BFLOAT16, verify_every=3), BF16_TOL,
               (0.45, 0.60)),
              ("attach", dict(keep_ddp=True, verify_every=1), 1e-6, (0.95, 1.10))]
+    weights = {}
     for name, options, tol, ratio in C.selected(cases):
-        trainer, windows = train(SfsyncTrainer, out, sync_options=options)
+        trainer, windows = train(SfsyncTrainer, out, sync_options=options,
+                                 counter_class=StepEndBytes if name == "sharded-owned" else Bytes)
         sync = trainer.sync
         if options.get("keep_ddp"):
             checks.that(isinstance(trainer.model_wrapped,
@@ -151,6 +185,18 @@ def main():
             checks.that(opt is not None and trainer.optimizer.optimizer is opt and
                         stats["reduce_scatters"] > 0,
                         "%s: the Trainer steps sfsync's sharded optimizer" % name)
+        weights[name] = C.flat(trainer.model)
+        if name == "sharded-owned":
+            # one all-gather per bucket per window: the parameters only
+            buckets = stats["bucket_count"]
+            checks.that(stats["all_gathers"] == buckets * sync.windows,
+                        "%s: %d all-gathers in %d windows of %d buckets (no gradient gather)"
+                        % (name, stats["all_gathers"], sync.windows, buckets))
+            if "sharded-parameter" in weights:
+                checks.that(torch.equal(weights[name], weights["sharded-parameter"]),
+                            "%s: weights bitwise those of the gradient-gather run (max diff "
+                            "%.3g)" % (name, (weights[name] - weights["sharded-parameter"])
+                                       .abs().max().item()))
         sync.close()
     checks.finish("test_transformers")
 
