@@ -12,7 +12,10 @@ where the text below differs, it wins): DDP variants use torch's default
 caps (+ ddp_fused_cap25, ddp_fused_capsf), gradient_as_bucket_view, fused
 AdamW (all but ddp_foreach), ddp_overlap is DDP._register_fused_optim;
 fsdp2_keep_ring reduce-scatters at ring bytes through
-set_custom_reduce_scatter; sfsync_sharded_final is the default sharded mode;
+set_custom_reduce_scatter; sfsync_sharded_final is the default sharded mode
+where user code reads .grad (the gradient gather), sfsync_sharded_owned the
+default where sfsync owns every reader (the HF Trainer's and Lightning's
+integrations: no gather; whole_gradients=False);
 blocks are --windows back-to-back windows (no barrier) over --rounds runs,
 with bootstrap intervals; ranks are pinned to cores.
 
@@ -41,6 +44,12 @@ every variant on the same model copy, data, micro-batches and optimizer
                      overlapping the next forward (sfsync's sharded default
                      buckets: about 1/8 of the gradients each; DDP keeps 25
                      MiB unless --bucket-cap-mb sets both)
+  sfsync_sharded_final  GradientSync(shard_optimizer=True, flat) + sync.optimizer(AdamW):
+                     every .grad whole when the last backward returns (the
+                     gradient gather), then one step
+  sfsync_sharded_owned  the same with whole_gradients=False (what the HF
+                     Trainer's and Lightning's integrations choose when
+                     nothing but sfsync reads .grad): no gradient gather
   sfsync_final       GradientSync + sync.optimizer(AdamW): every .grad final when
                      the last backward returns, then one step
   sfsync_perbucket   GradientSync + sync.optimizer(AdamW, overlap_step=True)
@@ -109,11 +118,11 @@ from cluster_bench import (RATES, ROOT, draw_panel, run_grid, run_ranks,  # noqa
 TORCH2 = "/root/.cache/sfsync/venv-torch2/bin/python"
 VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused", "ddp_fused_cap25",
             "ddp_fused_capsf", "ddp_overlap", "fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring",
-            "zero_ddp", "sfsync_sharded", "sfsync_sharded_final", "sfsync_perbucket",
-            "sfsync_final"]
+            "zero_ddp", "sfsync_sharded", "sfsync_sharded_final", "sfsync_sharded_owned",
+            "sfsync_perbucket", "sfsync_final"]
 COMPUTE = ("compute_only", "compute_only_shard")
 SHARDED = ("compute_only_shard", "fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring", "zero_ddp",
-           "sfsync_sharded", "sfsync_sharded_final")
+           "sfsync_sharded", "sfsync_sharded_final", "sfsync_sharded_owned")
 DDPS = ("ddp_foreach", "ddp_fused", "ddp_fused_cap25", "ddp_fused_capsf")  # "best DDP" of these
 NOT_FUSED = ("ddp_foreach",)  # the foreach reference (the weight check's)
 MODELS = ["mlp", "transformer"]
@@ -154,6 +163,8 @@ def parse_args(argv=None):
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     p.add_argument("--name", default=None, help="output file stem (default torch2_bench)")
+    p.add_argument("--tag", default=None,
+                   help="a label for this launch's rows in the tables (the grid's later parts)")
     p.add_argument("--port", type=int, default=29800)
     p.add_argument("--timeout", type=float, default=3600,
                    help="seconds per launch (every model; 200 Mbit/s, 2 hosts: over 900)")
@@ -418,9 +429,11 @@ class Runner:
                                          shard_optimizer=sharded, shard_layout="flat")
             os.environ.pop("SF_TRACE", None)
             overlap = variant in ("sfsync_sharded", "sfsync_perbucket")
+            whole = variant != "sfsync_sharded_owned"
             self.opt = self.sync.optimizer(torch.optim.AdamW, self.model.parameters(),
-                                           overlap_step=overlap, **kw)
-            self.config.update(shard_optimizer=sharded, overlap_step=overlap)
+                                           overlap_step=overlap, whole_gradients=whole, **kw)
+            self.config.update(shard_optimizer=sharded, overlap_step=overlap,
+                               whole_gradients=whole)
         elif variant.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
             keep = variant.startswith("fsdp2_keep")
@@ -868,6 +881,7 @@ def derive(rec, seed=35):
                 rat[v + "_vs_best_ddp"] = compare(rec, v, base, tag + "/" + v, seed)
     pairs = [("sfsync_perbucket", "ddp_overlap", "perbucket_vs_ddp_overlap"),
              ("sfsync_sharded_final", "sfsync_sharded", "sharded_final_vs_sharded"),
+             ("sfsync_sharded_owned", "sfsync_sharded", "sharded_owned_vs_sharded"),
              ("sfsync_sharded", "zero_ddp", "sharded_vs_zero")]
     fsdp = [v for v in ("fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring") if v in ms]
     if fsdp:
@@ -911,6 +925,8 @@ def derive(rec, seed=35):
 
 TARGETS = [("sfsync_sharded_vs_best_ddp", 0.90, "sharded <= 0.90 x best DDP, interval below 1"),
            ("sfsync_sharded_final_vs_best_ddp", 1.00, "default sharded <= 1.00 x best DDP"),
+           ("sfsync_sharded_owned_vs_best_ddp", 1.00,
+            "default sharded, readers owned (no gather) <= 1.00 x best DDP"),
            ("perbucket_vs_ddp_overlap", 1.00, "per-bucket <= 1.00 x DDP's overlapped optimizer")]
 
 
@@ -950,7 +966,8 @@ def cell(key, fmt, r):
 def link_of(rec):
     """The link column: the rate, and sfsync's bucket cap when --bucket-cap-mb set it."""
     cap = rec.get("bucket_cap_mb")
-    return rec["rate"] if cap is None else "%s, sfsync cap %g MiB" % (rec["rate"], cap)
+    link = rec["rate"] if cap is None else "%s, sfsync cap %g MiB" % (rec["rate"], cap)
+    return link if not rec.get("tag") else "%s (%s)" % (link, rec["tag"])
 
 
 def iv_text(iv):
@@ -1044,7 +1061,8 @@ STYLE = {"compute_only": ("k", ".", ":"), "compute_only_shard": ("0.5", ".", ":"
          "ddp_overlap": ("C5", "D", "-"), "fsdp2_reshard": ("C3", "x", "-"),
          "fsdp2_keep": ("C3", "+", "--"), "fsdp2_keep_ring": ("C3", "*", ":"),
          "zero_ddp": ("C4", "v", "-"), "sfsync_sharded": ("C0", "o", "-"),
-         "sfsync_sharded_final": ("C0", "^", ":"), "sfsync_perbucket": ("C2", "s", "--"),
+         "sfsync_sharded_final": ("C0", "^", ":"), "sfsync_sharded_owned": ("C0", "s", "--"),
+         "sfsync_perbucket": ("C2", "s", "--"),
          "sfsync_final": ("C2", "^", ":")}
 
 
@@ -1106,7 +1124,8 @@ def smoke_check(records, variants):
             if v not in COMPUTE and r["memory_bytes_max_rank"] <= 0:
                 errs.append("%s %s: memory %d" % (rec["model"], v, r["memory_bytes_max_rank"]))
             want = {"sfsync_final": 2 * f * g, "sfsync_perbucket": 2 * f * g,
-                    "sfsync_sharded": 2 * f * g, "fsdp2_keep_ring": 2 * f * g,
+                    "sfsync_sharded": 2 * f * g, "sfsync_sharded_owned": 2 * f * g,
+                    "fsdp2_keep_ring": 2 * f * g,
                     "compute_only": 0, "compute_only_shard": 0}.get(v)
             if v in DDPS or v == "ddp_overlap":
                 want = 2 * f * g
@@ -1160,10 +1179,11 @@ def config_errors(rec, r):
         if v.endswith("_ring") and calls == 0:
             errs.append(where + "the custom reduce-scatter was never called")
     if v.startswith("sfsync"):
-        want = (v.startswith("sfsync_sharded"), v in ("sfsync_sharded", "sfsync_perbucket"))
-        if (c["shard_optimizer"], c["overlap_step"]) != want:
-            errs.append(where + "shard_optimizer %s overlap_step %s" % (
-                c["shard_optimizer"], c["overlap_step"]))
+        want = (v.startswith("sfsync_sharded"), v in ("sfsync_sharded", "sfsync_perbucket"),
+                v != "sfsync_sharded_owned")
+        if (c["shard_optimizer"], c["overlap_step"], c["whole_gradients"]) != want:
+            errs.append(where + "shard_optimizer %s overlap_step %s whole_gradients %s" % (
+                c["shard_optimizer"], c["overlap_step"], c["whole_gradients"]))
     return errs
 
 
@@ -1211,12 +1231,22 @@ SWEEP_VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fuse
 # bytes and ZeRO are in the MLP's rows.
 TARGET_VARIANTS = ["ddp_foreach", "ddp_fused", "ddp_fused_capsf", "ddp_overlap",
                    "sfsync_sharded", "sfsync_sharded_final", "sfsync_perbucket"]
-# (hosts, rates, models, variants, windows per block, runs)
-GRID = [([2, 4], ["1gbit"], ["mlp"], VARIANTS, 50, 3),
+# The rows of the default sharded mode without the gradient gather (where
+# the integrations own every reader of .grad), a part of its own with the
+# peers it is judged against (a launch each: ratios within one launch).
+OWNED_VARIANTS = ["ddp_foreach", "ddp_fused", "ddp_fused_capsf", "sfsync_sharded",
+                  "sfsync_sharded_final", "sfsync_sharded_owned"]
+# (hosts, rates, models, variants, windows per block, runs[, tag: the
+# launch's name suffix and its rows' label])
+GRID = [([2, 4], ["1gbit"], ["mlp"], VARIANTS[:-3] + ["sfsync_perbucket", "sfsync_final"],
+         50, 3),
         ([2], ["1gbit"], ["transformer"], ["compute_only", "compute_only_shard"] + TARGET_VARIANTS,
          50, 3),
         ([4], ["1gbit"], ["transformer"], TARGET_VARIANTS, 50, 3),
-        ([2], ["200mbit", "10gbit", "loopback"], ["mlp"], SWEEP_VARIANTS, 20, 3)]
+        ([2], ["200mbit", "10gbit", "loopback"], ["mlp"], SWEEP_VARIANTS, 20, 3),
+        ([2, 4], ["1gbit"], ["mlp"], OWNED_VARIANTS, 50, 3, "owned"),
+        ([2, 4], ["1gbit"], ["transformer"], [v for v in OWNED_VARIANTS if v != "ddp_fused"],
+         50, 3, "owned")]
 # For the estimate: a window's compute at 2 ranks on this 2-core machine
 # (ms; the issue's runs: MLP 38, transformer ~450), doubled at 4 ranks; the
 # gradient bytes; exposed wire taken as 0.6 of the wire time (FSDP2 and
@@ -1243,13 +1273,14 @@ def grid(a):
     under --out), then merges them into torch2_bench.{json,md} and the plots.
     Prints the plan and its estimate first; --estimate stops there."""
     plan, total = [], 0.0
-    for hosts, rates, models, variants, windows, rounds in GRID:
+    for hosts, rates, models, variants, windows, rounds, *tag in GRID:
         for n in hosts:
             for rate in rates:
                 for model in models:
                     t = estimate_s(n, rate, model, variants, windows, rounds)
                     total += t
-                    plan.append((n, rate, model, variants, windows, rounds, t))
+                    plan.append((n, rate, model, variants, windows, rounds, t,
+                                 tag[0] if tag else None))
                     print("plan: %s N=%d %-8s %2d variants x %d windows x %d runs  ~%4.0f s" % (
                         model, n, rate, len(variants), windows, rounds, t))
     print("plan: %d launches, estimated %.0f min on this machine" % (len(plan), total / 60),
@@ -1257,8 +1288,8 @@ def grid(a):
     if a.estimate:
         return 0
     names, failed = [], []
-    for n, rate, model, variants, windows, rounds, _ in plan:
-        name = "torch2_grid_%s_%d_%s" % (model, n, rate)
+    for n, rate, model, variants, windows, rounds, _, tag in plan:
+        name = "torch2_grid_%s_%d_%s%s" % (model, n, rate, "_" + tag if tag else "")
         names.append(os.path.join(a.out, name + ".json"))
         if a.resume and os.path.exists(names[-1]):
             print("grid: %s exists (--resume): kept" % names[-1], flush=True)
@@ -1266,6 +1297,8 @@ def grid(a):
         argv = ["--hosts", str(n), "--rates", rate, "--models", model, "--windows", str(windows),
                 "--rounds", str(rounds), "--port", str(a.port), "--python", a.python,
                 "--build", a.build, "--out", a.out, "--name", name, "--variants"] + variants
+        if tag:
+            argv += ["--tag", tag]
         a.port += 40
         start = time.monotonic()
         rc = main(argv)
@@ -1311,7 +1344,7 @@ def main(argv=None):
         out = run_ranks(a, n, rate, argv, "torch2_bench")
         for rec in out["records"]:
             rec.update(hosts=n, rate=rate, run_s=out["run_s"], load_start=load_start,
-                       load=os.getloadavg())
+                       load=os.getloadavg(), tag=a.tag)
             fails.extend(derive(rec))
             print("%s N=%d %-8s %s  best DDP %s  %s  load %.1f -> %.1f  %.0f s" % (
                 rec["model"], n, rate, " ".join(
