@@ -1,4 +1,4 @@
-"""Longer than 400 lines: the module docstring (75 lines) is the user's
+"""Longer than 400 lines: the module docstring (about 100 lines) is the user's
 reference for overlap_step, sharding and clipping, and the class is one
 object (set-up, waits, per-bucket steps, clipping); its state dicts are
 apart (optim_state.py).
@@ -58,11 +58,21 @@ with ``find_unused_parameters=True`` (GradientSync's default) the shards
 step after every bucket is reduced; pass
 ``find_unused_parameters=False`` for per-bucket steps.
 
-``opt.clip_grad_norm_(max_norm)`` clips by the global norm exactly as
-``torch.nn.utils.clip_grad_norm_`` over the full model would: unsharded it
-needs no collective, sharded one sf_allreduce_float64 of the squared shard
-norms (one value; with the used mask in the same call). Call it before
-``opt.step()``; it waits for every bucket (no per-bucket overlap then).
+``whole_gradients=False`` (sharded; or a callable asked at each window's
+end): the default's final-gradient step without the gradient gather (1x
+the bytes); ``.grad`` holds this rank's ranges only (``gradients_whole``
+False) until ``opt.gather_gradients()``. The integrations choose it where
+they own every reader of ``.grad`` (sfsync/torch/integrations).
+
+``opt.clip_grad_norm_(max_norm)`` clips by the global norm as
+``torch.nn.utils.clip_grad_norm_`` over the full model: torch's own
+function while the gradients are whole; over ranges, torch's result bit
+for bit wherever each rank owns its gradients whole (per-tensor norms
+summed with one sf_allreduce_float64: sfsync/torch/clip.py); where a
+gradient straddles two ranks (flat layout) it gathers first
+(``whole_gradients=False``) or, with ``overlap_step=True``, takes a float64
+norm from the ranges (equal to rounding). Call it before ``opt.step()``; it
+waits for every bucket (no per-bucket overlap then).
 
 State dicts (optim_state.py, "[Note: the sharded form]"): sharded,
 ``opt.state_dict()`` is a torch optimizer's whole-model form (state keyed by
