@@ -23,12 +23,12 @@ import torch
 
 __all__ = ["tensor_norms", "total_norm", "clip_coefficient"]
 
-try:  # torch 2.x: clip_grad_norm_ groups by (device, dtype)
-    from torch.nn.utils.clip_grad import _get_total_norm as _TORCH2  # noqa: F401
+# torch 2.x's clip groups the gradients by (device, dtype) and takes
+# torch._foreach_norm where torch's own rule says foreach applies; 1.13's
+# takes torch.norm of each gradient, in order.
+_GROUPED = int(torch.__version__.split(".")[0]) >= 2
+if _GROUPED:
     from torch.utils._foreach_utils import _has_foreach_support
-    _GROUPED = True
-except ImportError:  # torch 1.13: one norm per gradient, in order
-    _GROUPED = False
 
 
 def _order(grads):

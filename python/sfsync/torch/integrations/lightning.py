@@ -149,9 +149,11 @@ class SfsyncStrategy(DDPStrategy):
         module = self.lightning_module
         if module is None or overrides(module, pl.LightningModule, self.MODULE_READERS):
             return False
-        trainer = getattr(module, "_trainer", None)
-        return not any(overrides(cb, pl.Callback, self.CALLBACK_READERS)
-                       for cb in (trainer.callbacks if trainer is not None else ()))
+        try:
+            callbacks = module.trainer.callbacks
+        except RuntimeError:  # (not attached to a Trainer)
+            callbacks = ()
+        return not any(overrides(cb, pl.Callback, self.CALLBACK_READERS) for cb in callbacks)
 
     def setup_optimizers(self, trainer):
         super().setup_optimizers(trainer)
