@@ -1246,7 +1246,13 @@ GRID = [([2, 4], ["1gbit"], ["mlp"], VARIANTS[:-3] + ["sfsync_perbucket", "sfsyn
         ([2], ["200mbit", "10gbit", "loopback"], ["mlp"], SWEEP_VARIANTS, 20, 3),
         ([2, 4], ["1gbit"], ["mlp"], OWNED_VARIANTS, 50, 3, "owned"),
         ([2, 4], ["1gbit"], ["transformer"], [v for v in OWNED_VARIANTS if v != "ddp_fused"],
-         50, 3, "owned")]
+         50, 3, "owned"),
+        # the transformer's link-rate sweep for its plot (the DDP that was
+        # best in its 1 Gbit/s rows stands for the DDPs)
+        ([2], ["200mbit", "10gbit", "loopback"], ["transformer"],
+         ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused_capsf", "ddp_overlap",
+          "sfsync_sharded", "sfsync_sharded_final", "sfsync_sharded_owned", "sfsync_perbucket"],
+         20, 3)]
 # For the estimate: a window's compute at 2 ranks on this 2-core machine
 # (ms; the issue's runs: MLP 38, transformer ~450), doubled at 4 ranks; the
 # gradient bytes; exposed wire taken as 0.6 of the wire time (FSDP2 and
