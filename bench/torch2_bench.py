@@ -1081,7 +1081,7 @@ def plot(records, variants, path):
         hosts = sorted({r["hosts"] for r in records if r["model"] == model})
         fig, axes = plt.subplots(1, len(hosts), figsize=(7 * len(hosts), 5), squeeze=False)
         for ax, n in zip(axes[0], hosts):
-            recs = {r["rate"]: r for r in records if r["hosts"] == n and r["model"] == model}
+            recs = panel_records(records, n, model)
             draw_panel(ax, recs, variants, order, STYLE, "%s, %d hosts, AdamW, %d micro-batches"
                        % (model, n, records[0]["micro_batches"]), band="ms_per_window_ci",
                        bound=("sfsync_sharded", "window_bound_ms", "bound (sfsync_sharded)"))
@@ -1090,6 +1090,21 @@ def plot(records, variants, path):
         fig.tight_layout()
         fig.savefig("%s_%s.png" % (stem, model), dpi=100)
         plt.close(fig)
+
+
+def panel_records(records, hosts, model):
+    """One record per link rate for a plot panel: an untagged launch's rows,
+    with the variants that only a tagged launch of the same rate ran (the
+    grid's "owned" part) added."""
+    out = {}
+    for r in sorted((r for r in records if r["hosts"] == hosts and r["model"] == model),
+                    key=lambda r: bool(r.get("tag"))):
+        if r["rate"] not in out:
+            out[r["rate"]] = dict(r, results=list(r["results"]))
+            continue
+        have = {x["variant"] for x in out[r["rate"]]["results"]}
+        out[r["rate"]]["results"] += [x for x in r["results"] if x["variant"] not in have]
+    return out
 
 
 def smoke_check(records, variants):
