@@ -61,7 +61,8 @@ step after every bucket is reduced; pass
 ``whole_gradients=False`` (sharded; or a callable asked at each window's
 end): the default's final-gradient step without the gradient gather (1x
 the bytes); ``.grad`` holds this rank's ranges only (``gradients_whole``
-False) until ``opt.gather_gradients()``. The integrations choose it where
+False) until ``opt.gather_gradients()``, and ``None`` after ``opt.step()``
+(no partial gradient is left to read). The integrations choose it where
 they own every reader of ``.grad`` (sfsync/torch/integrations).
 
 ``opt.clip_grad_norm_(max_norm)`` clips by the global norm as
@@ -523,6 +524,13 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             for b in range(self._buckets):
                 self._step_bucket(b)
             self._start_gathers()
+        if not self.gradients_whole and not self.overlap_step:
+            # whole_gradients=False: .grad held this rank's ranges only; after
+            # the step it is None (no gradient) rather than a partial one
+            # (code after the loop, a final inspection). zero_grad() would
+            # drop it anyway; the next window starts from zero.
+            for s in self._slots:
+                s.param.grad = None
         self._phase = Phase.STEPPED if self._sharded else Phase.IDLE
         self.steps += 1
         return loss

@@ -332,7 +332,11 @@ def run_shards(rank, c, case, layout, whole):
                 norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05))
             else:
                 norms.append(opt.clip_grad_norm_(0.05))
+        ranges = not opt.gradients_whole  # (a clip over straddling gradients gathered)
         opt.step()
+        if ranges:  # the ranges were consumed: no partial gradient left to read
+            c.that(all(p.grad is None for p in model.parameters()),
+                   "%s: window %d: a .grad is left after the step over ranges" % (case, w))
         sched.step()
         opt.zero_grad(set_to_none=True)
         opt.wait_parameters()

@@ -79,7 +79,9 @@ class Data(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-class Bytes(TrainerCallback):
+class _Windows(TrainerCallback):
+    """The micro-batch count and the window marks the counters share."""
+
     def __init__(self):
         self.windows = C.Windows()
 
@@ -89,23 +91,16 @@ class Bytes(TrainerCallback):
     def on_substep_end(self, args, state, control, **kw):
         self.windows.micro()
 
+
+class Bytes(_Windows):
     def on_pre_optimizer_step(self, args, state, control, **kw):
         self.windows.micro()
         self.windows.step()
 
 
-class StepEndBytes(TrainerCallback):
+class StepEndBytes(_Windows):
     """Bytes's windows marked after the step (no hook between the window's
     last backward and the step: the Trainer owns every .grad reader)."""
-
-    def __init__(self):
-        self.windows = C.Windows()
-
-    def on_train_begin(self, args, state, control, **kw):
-        self.windows.start()
-
-    def on_substep_end(self, args, state, control, **kw):
-        self.windows.micro()
 
     def on_step_end(self, args, state, control, **kw):
         # a sharded model's parameters() waits for the gathers in flight: the
