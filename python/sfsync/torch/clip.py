@@ -31,15 +31,21 @@ if _GROUPED:
     from torch.utils._foreach_utils import _has_foreach_support
 
 
-def _order(grads):
-    """The order in which torch's clip stacks the norms of ``grads``: the
-    (device, dtype) groups in first-seen order (2.x), else as given."""
-    if not _GROUPED:
-        return list(range(len(grads)))
+def _groups(grads):
+    """torch 2.x's clip's groups: (device, dtype) -> the indices of
+    ``grads`` in it, the groups in first-seen order."""
     groups = {}
     for i, g in enumerate(grads):
         groups.setdefault((g.device, g.dtype), []).append(i)
-    return [i for members in groups.values() for i in members]
+    return groups
+
+
+def _order(grads):
+    """The order in which torch's clip stacks the norms of ``grads``: its
+    groups' (2.x), else as given."""
+    if not _GROUPED:
+        return list(range(len(grads)))
+    return [i for members in _groups(grads).values() for i in members]
 
 
 def tensor_norms(grads, norm_type):
@@ -52,10 +58,7 @@ def tensor_norms(grads, norm_type):
             return [g.detach().abs().max() for g in grads]
         return [torch.norm(g.detach(), norm_type) for g in grads]
     out = [None] * len(grads)
-    groups = {}
-    for i, g in enumerate(grads):
-        groups.setdefault((g.device, g.dtype), []).append(i)
-    for (device, _), members in groups.items():
+    for (device, _), members in _groups(grads).items():
         ts = [grads[i] for i in members]
         if _has_foreach_support(ts, device):
             norms = torch._foreach_norm(ts, norm_type)

@@ -594,23 +594,21 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             raise ValueError("clip_grad_norm_: norm_type must be p > 0 or inf, not %r"
                              % norm_type)
         self.wait_gradients()
+        slots = [s for s in self._slots if s.param.grad is not None]
+        straddle = not self.gradients_whole and any(self._straddling()[s.index] for s in slots)
+        if straddle and not self.overlap_step:
+            self.gather_gradients()  # no exact norm from pieces: whole, then torch's
         if self.gradients_whole:
             return torch.nn.utils.clip_grad_norm_([s.param for s in self._slots], max_norm,
                                                   norm_type)
-        slots = [s for s in self._slots if s.param.grad is not None]
-        split = self._straddling()
-        if any(split[s.index] for s in slots):
-            if not self.overlap_step:
-                self.gather_gradients()
-                return torch.nn.utils.clip_grad_norm_([s.param for s in self._slots], max_norm,
-                                                      norm_type)
-            if math.isinf(norm_type):
-                raise ValueError("clip_grad_norm_: norm_type inf of an overlap_step=True "
-                                 "optimizer whose gradients straddle ranks (flat layout) is "
-                                 "not supported; use a finite p, or shard_layout='parameter'")
-            total = self._float64_norm(slots, norm_type)
-        else:
+        if not straddle:
             total = self._exact_norm(slots, norm_type)
+        elif math.isinf(norm_type):
+            raise ValueError("clip_grad_norm_: norm_type inf of an overlap_step=True "
+                             "optimizer whose gradients straddle ranks (flat layout) is "
+                             "not supported; use a finite p, or shard_layout='parameter'")
+        else:
+            total = self._float64_norm(slots, norm_type)
         coef = clip.clip_coefficient(max_norm, total)
         for s in slots:
             if s.count > 0:

@@ -7,6 +7,7 @@ the optimizer are the GradientSync's (sfsync/torch/gradient_sync.py).
 """
 
 import inspect
+import weakref
 
 import torch
 
@@ -78,12 +79,18 @@ class SyncedModule(torch.nn.Module):
 def owned_gradients(optimizer_options, owns_readers):
     """``optimizer_options`` with ``whole_gradients`` decided by the
     framework's integration unless the user gave it: whole (the gradient
-    gather) unless ``owns_readers()`` says that nothing but sfsync reads
-    ``.grad`` between the window's last backward and the step (asked at
-    each window's end, so callbacks added later count)."""
+    gather) unless the bound method ``owns_readers()`` says that nothing but
+    sfsync reads ``.grad`` between the window's last backward and the step
+    (asked at each window's end, so callbacks added later count; held
+    weakly: the optimizer does not keep the trainer alive)."""
     if "whole_gradients" in optimizer_options:
         return dict(optimizer_options)
-    return dict(optimizer_options, whole_gradients=lambda: not owns_readers())
+    method = weakref.WeakMethod(owns_readers)
+
+    def whole():
+        owns = method()
+        return owns is None or not owns()
+    return dict(optimizer_options, whole_gradients=whole)
 
 
 def overrides(obj, base, names):

@@ -71,7 +71,6 @@ would clip a sharded optimizer's shards by their local norm).
 
 import contextlib
 import inspect
-import weakref
 
 from lightning.pytorch.strategies import DDPStrategy
 
@@ -126,8 +125,7 @@ class SfsyncStrategy(DDPStrategy):
                                    **dict(self._owned_options(), **defaults))
 
     def _owned_options(self):
-        me = weakref.WeakMethod(self._owns_gradient_readers)
-        return owned_gradients(self._optimizer_options, lambda: me() is not None and me()())
+        return owned_gradients(self._optimizer_options, self._owns_gradient_readers)
 
     #: Hooks that run between a window's last backward and the step's end
     #: (where .grad is read, e.g. to log its norm): a LightningModule's, a

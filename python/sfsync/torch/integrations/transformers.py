@@ -138,9 +138,8 @@ class SfsyncTrainerMixin:
         optimizer = super().create_optimizer(model)
         if self._sync_options.get("shard_optimizer") and \
                 sync_optimizer(self._sfsync()) is not optimizer:
-            me = weakref.WeakMethod(self._owns_gradient_readers)
             optimizer = rebuild_optimizer(self.sync, optimizer, **owned_gradients(
-                self._optimizer_options, lambda: me() is not None and me()()))
+                self._optimizer_options, self._owns_gradient_readers))
             self.optimizer = optimizer
         return optimizer
 

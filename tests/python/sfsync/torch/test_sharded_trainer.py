@@ -365,9 +365,10 @@ def case_shards(rank, world, c, layout):
     want = [buckets if (w == 1 or not straddling) else 2 * buckets for w in range(len(WINDOWS))]
     c.that(gathers == want, "%s: all-gathers per window %s, want %s (straddling: %s)"
            % (case, gathers, want, straddling))
-    if layout == "parameter":
-        c.that(not straddling, "%s: a gradient straddles two ranks in the parameter layout"
-               % case)
+    # the flat case must take the gather-first path (the model's sizes no W
+    # divides), the parameter case never
+    c.that(straddling == (layout == "flat"), "%s: straddling gradients %s in the %s layout"
+           % (case, straddling, layout))
     return "%s gathers %s (default %s)" % (case, gathers, ref_gathers)
 
 
