@@ -12,6 +12,7 @@
 #include "plugin/core/dtype.h"
 #include "shim/forward.h"
 #include "shim/policy/shim_policy.h"
+#include "shim/python_host.h"
 
 namespace sfshim {
 namespace {
@@ -52,6 +53,7 @@ ShimPolicy& policy(bool foreignGloo = false) {
   if (ShimPolicy* p = gPolicy.load(std::memory_order_relaxed)) return *p;
   ShimConfig config = shimConfigFromEnvironment();
   config.foreignGloo = foreignGloo;
+  config.pythonFollows = pythonFollows();
   sf_window_state_v1 s{};
   s.struct_size = sizeof s;
   const WindowStateFn f = windowStateFn();
@@ -68,10 +70,12 @@ ShimPolicy& policy(bool foreignGloo = false) {
 
 // At load: tell libsfsync that the default context's windows are followed
 // (so that it does not say they affect nothing). Makes nothing.
+// A Python host's windows go to the in-process layer (shim/python_host.h).
 __attribute__((constructor)) void followDefaultContext() {
   sf_window_state_v1 s{};
   s.struct_size = sizeof s;
   if (const WindowStateFn f = windowStateFn()) f(nullptr, SF_INTERNAL_FOLLOW, &s);
+  handPythonHost();
 }
 
 }  // namespace

@@ -76,6 +76,7 @@ const char* modeName(ShimPolicy::Mode m) {
   switch (m) {
     case ShimPolicy::Mode::kExplicit: return "explicit";
     case ShimPolicy::Mode::kAutomatic: return "automatic";
+    case ShimPolicy::Mode::kPython: return "python";
     default: return "off";
   }
 }
@@ -126,7 +127,8 @@ ShimPolicy::ShimPolicy(ShimConfig config, WindowSource windows, Sink sink)
       std::fputs(("sfsync shim: " + line + "\n").c_str(), stderr);
     };
   }
-  mode_ = config_.stepsInvalid || config_.foreignGloo ? Mode::kOff
+  mode_ = config_.pythonFollows ? Mode::kPython
+          : config_.stepsInvalid || config_.foreignGloo ? Mode::kOff
           : config_.accumulationSteps > 0 ? Mode::kAutomatic
                                           : Mode::kExplicit;
   for (const auto& p : config_.problems) say(p);
@@ -340,6 +342,10 @@ sf_shim_decision ShimPolicy::decideForeignGloo(const std::string& why) {
   ++counters_.calls;
   ++counters_.callsGloo;
   ++counters_.foreignGlooCalls;
+  if (mode_ == Mode::kPython) {  // expected: the in-process layer follows this host
+    ++counters_.passed;
+    return sf_shim_decision{};
+  }
   const std::string said =
       why + (config_.strict ? " (SF_STRICT=1: this all-reduce fails)"
                             : " (they pass through untouched; SF_STRICT=1 makes this an error)");

@@ -56,6 +56,9 @@ struct ShimConfig {
   // shim was built against (shim/gloo_host.h): nothing can be deferred, so
   // the mode is off and automatic windows are not announced.
   bool foreignGloo = false;
+  // A Python host whose windows the in-process layer follows (shim/python_host.h):
+  // every call passes, counted; foreign Gloo is then expected, said at INFO.
+  bool pythonFollows = false;
 };
 
 // Reads SF_SHIM_MIN_BYTES, SF_ACCUMULATION_STEPS, SF_SHIM_REPORT (not
@@ -94,7 +97,7 @@ class ShimPolicy {
   // Fills the default context's window state (struct_size set by the
   // caller); false if it cannot be had (then: no explicit windows).
   using WindowSource = std::function<bool(sf_window_state_v1* state)>;
-  enum class Mode { kExplicit, kAutomatic, kOff };
+  enum class Mode { kExplicit, kAutomatic, kOff, kPython };
 
   static constexpr size_t kMaxWindowRecords = 10000;
 

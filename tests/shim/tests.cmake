@@ -56,8 +56,10 @@ else()
       set(expect EXPECT "${T_PASS}")
     endif()
     sf_add_checked_test(NAME ${name} ${expect} EXIT_CODE ${T_EXIT} COMMAND ${ddp} ${T_ARGS})
+    # SF_FOLLOW_HOST=0: the shim's own windows (a Python host's go to the
+    # in-process layer by default since 0.5: tests/python, follow_host_*).
     set_tests_properties(${name} PROPERTIES LABELS "shim;torch" TIMEOUT 120
-      FIXTURES_REQUIRED shim_ddp_reference ENVIRONMENT "${T_ENV}")
+      FIXTURES_REQUIRED shim_ddp_reference ENVIRONMENT "SF_FOLLOW_HOST=0;${T_ENV}")
   endfunction()
 
   add_test(NAME shim_ddp_reference_no_sync
@@ -185,7 +187,7 @@ else()
     sf_add_checked_test(NAME ${name} LINES ${T_LINES} REJECT ${T_REJECT} EXIT_CODE ${T_EXIT}
       COMMAND ${ddp2} ${T_ARGS})
     set_tests_properties(${name} PROPERTIES LABELS "shim;torch;torch2" TIMEOUT 180
-      FIXTURES_REQUIRED shim_torch2_ddp_reference ENVIRONMENT "${T_ENV}")
+      FIXTURES_REQUIRED shim_torch2_ddp_reference ENVIRONMENT "SF_FOLLOW_HOST=0;${T_ENV}")
   endfunction()
 
   add_test(NAME shim_torch2_ddp_reference_no_sync

@@ -3,11 +3,15 @@ on a DistributedDataParallel model and returns its ``DDPSync``.
 
 Responsible for: the comm hook (inside a window a bucket is returned
 locally, nothing sent; outside it is averaged with the process group's
-all-reduce, as DDP's default), the forward hooks that open a pass (and see
-DDP's own ``no_sync()``) and run the replica check after DDP's buffer
-broadcast. Not responsible for: the window rule (the face's HostWindow),
-the check itself (verify.py). One hook family, one file, as torch's
-``ddp_comm_hooks/``.
+all-reduce, as DDP's default), the forward hooks that see DDP's own
+``no_sync()`` and run the replica check after DDP's buffer broadcast, and,
+without a count, the host's windows as it wrote them: a backward that runs
+while any attached DDP's ``no_sync()`` is active stays local (DDP decided at
+the forward, and calls the hook anyway), and the optimizer step ends a
+window (step_hook.py), with the reduction of what a wrong guess left local
+(catch_up.py). Not responsible for: the window rule (the face's
+HostWindow), the check itself (verify.py). One hook family, one file, as
+torch's ``ddp_comm_hooks/``.
 """
 
 import weakref
@@ -15,10 +19,21 @@ import weakref
 import torch
 
 import sfsync
-from sfsync.host_window import HostWindow
+from sfsync.host_window import UNTIL_STEP, HostWindow
+from sfsync.torch import catch_up, step_hook
 from sfsync.torch.face import WindowFace, check_counts, set_window
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.verify import Verifier, named_state
+
+#: The DDPSyncs that follow the host's windows (no count): a backward inside
+#: any one's no_sync() is inside the window for all (nested DDPs), and the
+#: optimizer step ends the window of each.
+_following = weakref.WeakSet()
+
+
+def following_syncs():
+    """The live DDPSyncs that follow the host's windows (no count)."""
+    return [s for s in list(_following) if s.context is not None]
 
 __all__ = ["DDPSync", "attach"]
 
@@ -30,7 +45,7 @@ class DDPSync(WindowFace):
     does. Made by ``attach``; see there."""
 
     def __init__(self, ddp, accumulation_steps=None, context=None, verify_every=None,
-                 verify_buffers=False, **options):
+                 verify_buffers=False, guess=None, connect=True, **options):
         import torch.distributed as dist
         check_counts("attach", accumulation_steps, verify_every)
         if not hasattr(ddp, "register_comm_hook"):
@@ -39,19 +54,24 @@ class DDPSync(WindowFace):
         self.ddp = ddp
         self.group = ddp.process_group
         self.world_size = dist.get_world_size(self.group)
-        _refuse_python_reducer()
-        self._window = HostWindow("attach", accumulation_steps)
+        refuse_python_reducer()
+        self._window = HostWindow("attach", accumulation_steps, guess)
         self._owns_context = context is None
         self.context = None
         self.context = context if context is not None else make_context(**options)
         self.deferred_buckets = 0
         self.reduced_buckets = 0
+        self.bytes_deferred = 0     # bucket bytes kept local (what DDP would have sent)
+        self.bytes_reduced = 0      # bucket bytes all-reduced by the hook
+        self.catch_ups = 0          # steps that found passes left local (a wrong guess)
+        self.catch_up_bytes = 0     # the gradient bytes those steps reduced
+        self._host_hook = None      # (state, hook) the host registered after ours (follow.py)
         self._verify_every = verify_every
         self._last_verified = 0
         self._verifier = None
         self._handles = []
         try:
-            if self.context.options()["world_size"] > 1:
+            if connect and self.context.options()["world_size"] > 1:
                 self.context.connect()
             if verify_every:
                 self._verifier = Verifier(self.context, named_state(ddp.module, verify_buffers))
@@ -66,9 +86,12 @@ class DDPSync(WindowFace):
             # forward moves them (BatchNorm statistics).
             self._handles.append(ddp.module.register_forward_pre_hook(
                 _call_hook(weakref.WeakMethod(self._hook_verify))))
+            if not accumulation_steps:
+                self._window.follows_steps = step_hook.install()
+                _following.add(self)
             log(sfsync.LOG_INFO, "attach: DDP comm hook, %s, world size %d%s" % (
                 "accumulation_steps=%d" % accumulation_steps if accumulation_steps
-                else "windows from no_sync()", self.world_size,
+                else "windows from no_sync() and the optimizer step", self.world_size,
                 ", verify_every=%d" % verify_every if verify_every else ""))
         except BaseException:
             self.close()
@@ -88,7 +111,9 @@ class DDPSync(WindowFace):
 
     def _forward(self):
         """DDP's forward starts a pass. Inside DDP's own no_sync() DDP calls
-        no comm hook in the backward: the pass is counted here, whole."""
+        no comm hook in the backward: the pass is counted here, whole.
+        Without a count the pass is decided at its backward's first bucket
+        (the host may enter no_sync() around the backward alone)."""
         if not torch.is_grad_enabled():
             return
         window = self._window
@@ -97,25 +122,76 @@ class DDPSync(WindowFace):
             window.end_pass()
             set_window(self.context, True)
             return
-        set_window(self.context, window.begin_pass(self._host_inside))
+        if self.accumulation_steps:
+            set_window(self.context, window.begin_pass(self._host_inside))
+
+    def _host_no_sync(self):
+        """The host's no_sync() is active now: this face's own, or, without a
+        count, that of any DDP that follows the host (its outer DDP)."""
+        if self._host_inside:
+            return True
+        if self.accumulation_steps:
+            return False
+        return any(not s.ddp.require_backward_grad_sync for s in following_syncs())
 
     def _hook(self, bucket):
         import torch.distributed as dist
         window = self._window
-        local = window.begin_pass(self._host_inside)  # (decided at the forward)
+        if not window.pass_open:
+            if (window.stepped_windows and window.guessed_length() is None
+                    and step_hook.steps_seen_for(self.ddp.module.parameters())):
+                window.guess = UNTIL_STEP  # the first window: reduced at its step
+            set_window(self.context, window.begin_pass(self._host_no_sync()))
+        local = window.begin_pass(False)  # (the pass is decided: this returns it)
         buf = bucket.buffer()
+        nbytes = buf.numel() * buf.element_size()
         if local:
             self.deferred_buckets += 1
+            self.bytes_deferred += nbytes
+            window.pending = True  # DDP would have sent it: reduced at the step if still local
             fut = torch.futures.Future()
             fut.set_result(buf)  # the local sum stays in .grad: nothing is sent
         else:
             self.reduced_buckets += 1
+            self.bytes_reduced += nbytes
+            if self._host_hook is not None:  # the host's own hook sends (follow.py)
+                state, hook = self._host_hook
+                fut = hook(state, bucket)
+                if bucket.is_last() and window.end_pass():
+                    window.close_window()
+                return fut
             buf.div_(self.world_size)
             fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
             fut = fut.then(lambda f: f.value()[0])
         if bucket.is_last() and window.end_pass():
             window.close_window()
         return fut
+
+    def before_step(self):
+        """The host's optimizer is about to step (step_hook): the window
+        ends; True if this DDP's .grad must be reduced first."""
+        return self.context is not None and self._window.step()
+
+    @property
+    def guess(self):
+        """The first window's guessed length (no count; None: not guessed)."""
+        return self._window.guess
+
+    def set_host_hook(self, state, hook):
+        """A comm hook the host registers after sfsync's (follow.py): it does
+        the sending for the passes sfsync sends. DDP's rule: one per DDP."""
+        if self._host_hook is not None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
+                               "called once")
+        self._host_hook = (state, hook)
+
+    def counts(self):
+        """What the hook did, for a report: buckets and bytes reduced and
+        kept local, and the steps that reduced what a wrong guess left."""
+        return {"reduced_buckets": self.reduced_buckets, "deferred_buckets": self.deferred_buckets,
+                "bytes_reduced": self.bytes_reduced, "bytes_deferred": self.bytes_deferred,
+                "catch_ups": self.catch_ups, "catch_up_bytes": self.catch_up_bytes,
+                "windows": self.windows}
 
     def verify(self):
         verifier = self._verifier or Verifier(self.context, named_state(self.ddp.module, False))
@@ -136,6 +212,7 @@ class DDPSync(WindowFace):
         for h in self._handles:
             h.remove()
         self._handles = []
+        _following.discard(self)
         if self.context is not None and self._owns_context:
             ctx, self.context = self.context, None
             ctx.close()
@@ -152,7 +229,7 @@ class _HookState:
         return {}
 
 
-def _refuse_python_reducer():
+def refuse_python_reducer():
     """attach() needs DDP's C++ reducer, which calls a comm hook once per
     bucket: torch 2.x's compiled DDP with ``torch._dynamo.config.optimize_ddp
     = "python_reducer"`` calls it per parameter as hook(state, (grad, param))."""
@@ -203,7 +280,20 @@ def attach(ddp_model, accumulation_steps=None, **kwargs):
     passes and never defers a synchronization the host asks for; with
     ``accumulation_steps`` too, the first window must agree with it
     (RuntimeError naming both otherwise).
-    ``verify_every=K`` (and ``verify_buffers``) as GradientSync's. Other
-    keyword arguments go to ``make_context``.
+
+    Without ``accumulation_steps`` the host's windows are followed as it
+    wrote them, whatever its loop: a backward that runs while DDP's
+    ``no_sync()`` is active stays local, even when its forward ran outside
+    (``no_sync()`` around the backward alone, which DDP itself ignores), and
+    so does every attached DDP's backward inside another's ``no_sync()``
+    (nested DDPs). For a host that never calls ``no_sync()``, the optimizer
+    step ends the window (torch's global step hook; every optimizer built on
+    ``torch.optim.Optimizer``): the window length is guessed from the
+    previous windows, ``guess=N`` for the first one, and a wrong guess costs
+    a collective at the step, never exactness (sfsync/host_window.py).
+    ``verify_every=K`` (and ``verify_buffers``) as GradientSync's.
+    ``connect=False``: do not connect the context at attach (the hook uses
+    the DDP's own process group; the context then serves no replica check).
+    Other keyword arguments go to ``make_context``.
     """
     return DDPSync(ddp_model, accumulation_steps=accumulation_steps, **kwargs)

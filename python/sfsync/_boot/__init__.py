@@ -1,0 +1,1 @@
+"""sfsync's start-up folder (sitecustomize.py): see sfsync/follow_boot.py."""
