@@ -62,6 +62,7 @@ class Backend:
             model[0] = DDP(model[0], broadcast_buffers=False)
             DDP._set_params_and_buffers_to_ignore_for_model(
                 model, ["0.module." + name for name, _ in model[0].module.named_parameters()])
+        self.device = next(model.parameters()).device
         self.model = DDP(model, gradient_as_bucket_view=True, broadcast_buffers=False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         self.max_norm = max_norm
@@ -89,7 +90,7 @@ class Backend:
 
     def step(self, loss_sum):
         # A metric all-reduce at each boundary: 13 float32 (52 bytes).
-        metric = torch.full((13,), float(loss_sum))
+        metric = torch.full((13,), float(loss_sum), device=self.device)
         dist.all_reduce(metric)
         self.metric_values.append(metric[0].item())
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
@@ -102,7 +103,7 @@ def train(backend, windows, rank, on_window=None):
     for w, n in enumerate(windows):
         loss_sum = 0.0
         for k in range(n):
-            x, y = micro_batch(rank, w, k)
+            x, y = (t.to(backend.device) for t in micro_batch(rank, w, k))
             is_boundary = k == n - 1
             loss = torch.nn.functional.mse_loss(backend.forward(x, is_boundary), y) / n
             backend.backward(loss, is_boundary)
@@ -110,6 +111,16 @@ def train(backend, windows, rank, on_window=None):
         backend.step(loss_sum)
         if on_window is not None:
             on_window(w)
+
+
+def env_from_mpirun():
+    """Open MPI's mpirun sets OMPI_COMM_WORLD_*, not torch's RANK/WORLD_SIZE:
+    the host maps them (MASTER_ADDR/MASTER_PORT come from mpirun's -x)."""
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
+        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+        os.environ["LOCAL_RANK"] = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 
 
 def wchar():
@@ -127,6 +138,7 @@ def main():
     p.add_argument("--windows", default="4,4,4,4")
     args = p.parse_args()
     windows = [int(n) for n in args.windows.split(",")]
+    env_from_mpirun()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     backend = Backend(build_model(), args.shape)

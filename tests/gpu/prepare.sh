@@ -78,7 +78,8 @@ mkdir -p "$carried/python" "$carried/scripts/frameworks" || exit 2
 (cd "$root/python" && find sfsync -name '*.py' -not -path '*/__pycache__/*' -print0 |
   xargs -0 cp --parents -t "$carried/python") || exit 2
 for f in tests/gpu/torch_cuda.py tests/gpu/torch_facts.sh tests/gpu/frameworks_world1.sh \
-         tests/python/support/run_torchrun.py; do
+         tests/python/support/run_torchrun.py tests/python/sfsync/torch/test_follow_host.py \
+         samples/python/trainer_backend.py; do
   cp "$root/$f" "$carried/scripts/" || exit 2
 done
 for f in _common.py test_accelerate.py test_lightning.py; do

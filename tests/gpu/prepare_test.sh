@@ -47,8 +47,8 @@ cat "$work/run.log"
 [ "$rc" -eq 0 ] || fail "run.sh exited $rc without a GPU"
 [ "$took" -le "$budget" ] || fail "run.sh took ${took}s, over its budget of ${budget}s"
 skips=$(grep -c '^SKIP ' "$work/run.log")
-[ "$skips" -eq 13 ] || fail "$skips SKIP lines, want 13 (one per step)"
-for s in torch_facts torch_world1 torch_two_ranks frameworks_world1; do
+[ "$skips" -eq 14 ] || fail "$skips SKIP lines, want 14 (one per step)"
+for s in torch_facts torch_world1 torch_two_ranks follow_host_nccl frameworks_world1; do
   grep -qE "^SKIP $s: no GPU visible \(nvidia-smi lists none\) \([0-9]+s\)$" "$work/run.log" ||
     fail "no SKIP line with its reason for the step $s"
 done
@@ -57,8 +57,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 assert s["verdict"] == "SKIP: no GPU", s["verdict"]
 assert s["budget_s"] == 60 and s["gpus"] == 0, s
-assert [t["status"] for t in s["steps"]] == ["SKIP"] * 13, s["steps"]
-assert {"torch_facts", "torch_world1", "torch_two_ranks", "frameworks_world1"} <= {
+assert [t["status"] for t in s["steps"]] == ["SKIP"] * 14, s["steps"]
+assert {"torch_facts", "torch_world1", "torch_two_ranks", "follow_host_nccl", "frameworks_world1"} <= {
     t["name"] for t in s["steps"]}, s["steps"]
 print("summary.json: %d steps, all SKIP, %ss elapsed" % (len(s["steps"]), s["elapsed_s"]))
 PY

@@ -37,6 +37,7 @@
 #                      NCCL's COLL lines), torch.cuda.max_memory_allocated
 #   torch_two_ranks    the same at two ranks on the one GPU: only if NCCL
 #                      accepted two_ranks_parity
+#   follow_host_nccl   samples/python/trainer_backend.py unmodified on CUDA + NCCL, 2 ranks (issue 43)
 #   frameworks_world1  tests/python/sfsync/torch/integrations' Accelerate and Lightning tests
 #                      on CUDA at world size 1 (SKIP where the image lacks them)
 # Where no GPU is visible every step is SKIP and the exit status is 0.
@@ -90,7 +91,7 @@ write_summary() {  # verdict
 
 all_steps=(world1_parity world1_stream world1_trainer shim_nccl_host ddp_shim busbw_world1
            torch_facts torch_world1 two_ranks_parity two_ranks_leave two_ranks_busbw
-           torch_two_ranks frameworks_world1)
+           torch_two_ranks follow_host_nccl frameworks_world1)
 bin=$carried/bin
 pkg=$carried/python
 scripts=$carried/scripts
@@ -98,7 +99,8 @@ for f in "$bin/sfsync-gpu-check" "$bin/sfsync-cuda-trainer" "$bin/sfsync_shim_nc
          "$carried/lib/libsfsync.so.1" "$carried/lib/libsfsync_nccl.so" "$carried/lib/libsfsync_shim.so" \
          "$pkg/sfsync/__init__.py" "$scripts/torch_cuda.py" "$scripts/torch_facts.sh" \
          "$scripts/frameworks_world1.sh" "$scripts/run_torchrun.py" "$scripts/frameworks/test_accelerate.py" \
-         "$scripts/frameworks/test_lightning.py" "$scripts/frameworks/_common.py"; do
+         "$scripts/frameworks/test_lightning.py" "$scripts/frameworks/_common.py" \
+         "$scripts/test_follow_host.py" "$scripts/trainer_backend.py"; do
   if [ ! -e "$f" ]; then
     echo "run.sh: the carried folder lacks $f (run tests/gpu/prepare.sh again)" >&2
     exit 2
@@ -256,8 +258,17 @@ if step two_ranks_parity 75 2 "${two[@]}" -- "$check" parity; then
   if [ -x "$python" ]; then
     step torch_two_ranks 90 2 "${two[@]}" "${pyenv[@]}" -- "$python" "$scripts/torch_cuda.py" \
       --nccl-log "$out/nccl-torch_two_ranks.%p.log"
+    # The host as it is (issue 43) on pip torch + CUDA + NCCL, unmodified, no
+    # code change (SF_FOLLOW_HOST=1 + the boot folder): no_sync() around the
+    # backward alone, windows 4, 4, 3; 1.00x the gradient bytes (sfsync's
+    # counts: NCCL's traffic is not the process's wchar), weights within 1e-6
+    # of a correct no_sync(), ranks bitwise equal.
+    step follow_host_nccl 90 2 "${two[@]}" "${pyenv[@]}" SF_FOLLOW_HOST=1 \
+      PYTHONPATH="$pkg/sfsync/_boot:$pkg" -- "$python" "$scripts/test_follow_host.py" \
+      --device cuda --shape backward-only --windows 4,4,3
   else
     record SKIP torch_two_ranks 0 "no PyTorch at $python"
+    record SKIP follow_host_nccl 0 "no PyTorch at $python"
   fi
 else
   refused=''
@@ -265,6 +276,7 @@ else
   record SKIP two_ranks_leave 0 "needs two ranks (two_ranks_parity did not pass)"
   record SKIP two_ranks_busbw 0 "needs two ranks (two_ranks_parity did not pass)"
   record SKIP torch_two_ranks 0 "needs two ranks (two_ranks_parity did not pass)"
+  record SKIP follow_host_nccl 0 "needs two ranks (two_ranks_parity did not pass)"
 fi
 unset SF_RANK_ENV_0 SF_RANK_ENV_1
 

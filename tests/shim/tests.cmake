@@ -134,7 +134,7 @@ else()
   # PyTorch's own reduce functions, every dtype x op: only float sums deferred.
   add_test(NAME shim_gloo_ops_classified COMMAND ${SF_PYTHON} ${SF_SHIM_TESTS}/gloo_ops.py)
   set_tests_properties(shim_gloo_ops_classified PROPERTIES LABELS "shim;torch" TIMEOUT 120
-    ENVIRONMENT "${preload};SF_SHIM_REPORT=${reports}/gloo-ops-%r.json")
+    ENVIRONMENT "${preload};SF_FOLLOW_HOST=0;SF_SHIM_REPORT=${reports}/gloo-ops-%r.json")
   # SF_STRICT=1: each misuse fails the interposed call where it is seen; the
   # host's backward raises. A window grown too long (window 2's last pass) ...
   sf_shim_ddp_test(shim_ddp_strict

@@ -9,8 +9,9 @@ global ``register_optimizer_step_pre_hook`` (every optimizer built on
 global hook) by wrapping ``step`` of every ``Optimizer`` subclass, those
 defined now and later (a re-entrant ``super().step()`` counts once). The
 same hook runs first in ``torch.nn.utils.clip_grad_norm_`` and
-``clip_grad_value_``, which every framework calls between the window's last
-backward and the step: they must read the reduced gradients. The optimizers
+``clip_grad_value_`` and in GradScaler's ``unscale_``, which frameworks call
+between the window's last backward and the step: they must read the reduced
+gradients (a clip bound by name before the first DDP was made is not seen). The optimizers
 made after install are remembered (weakly), so that a face can tell whether
 the step of its parameters will be seen (``steps_seen_for``).
 Not responsible for: what a step means to a window (HostWindow.step), the
@@ -50,6 +51,7 @@ def install():
             _wrap_every_optimizer_class()
         _remember_optimizers()
         _wrap_clips()
+        _wrap_unscale()
         _installed = True
         return True
 
@@ -104,6 +106,32 @@ def _before_step():
 
 
 # -- torch 1.13: no global hook
+
+def _wrap_unscale():
+    """GradScaler.unscale_ (torch.amp's, torch.cuda.amp's) reads .grad for
+    infs: the reduced gradients, or the ranks could disagree on a skip."""
+    classes = []
+    for path in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
+        try:
+            module = __import__(path, fromlist=["GradScaler"])
+        except ImportError:
+            continue
+        cls = getattr(module, "GradScaler", None)
+        if cls is not None and cls not in classes:
+            classes.append(cls)
+    for cls in classes:
+        unscale = cls.__dict__.get("unscale_")
+        if unscale is None or getattr(unscale, "sfsync_step", False):
+            continue
+
+        def wrapped(self, optimizer, _fn=unscale):
+            _before_step()
+            return _fn(self, optimizer)
+
+        functools.update_wrapper(wrapped, unscale)
+        wrapped.sfsync_step = True
+        setattr(cls, "unscale_", wrapped)
+
 
 def _wrap_step(cls):
     step = cls.__dict__.get("step")

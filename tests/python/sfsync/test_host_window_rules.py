@@ -10,7 +10,7 @@ import unittest
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".")
                != os.path.realpath(os.path.dirname(os.path.abspath(__file__)))]
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
-from sfsync.host_window import HostWindow  # noqa: E402
+from sfsync.host_window import UNTIL_STEP, HostWindow  # noqa: E402
 
 
 def run(window, plan):
@@ -73,6 +73,87 @@ class Counter(unittest.TestCase):
         w = HostWindow("t", 3)
         w.set_accumulation_steps(1)
         self.assertEqual(run(w, "oo"), "S|S|")
+
+
+def run_steps(window, plan):
+    """As run(), where 's' is the host's optimizer step: '!' after a step
+    that must reduce what stayed local first (a catch-up), '|' after a step
+    that ends a window without one."""
+    out = []
+    for p in plan:
+        if p == "s":
+            out.append("!" if window.step() else "|")
+            continue
+        local = window.begin_pass(p == "i")
+        if local and p == "o":
+            window.pending = True  # the face: DDP would have sent it
+        out.append("L" if local else "S")
+        if window.end_pass():
+            window.close_window()
+            out.append("|")
+    return "".join(out)
+
+
+def stepped(guess=None):
+    w = HostWindow("t", guess=guess)
+    w.follows_steps = True
+    return w
+
+
+class StepsDecide(unittest.TestCase):
+    """A host that never calls no_sync(): the optimizer step ends a window,
+    the length is guessed, a wrong guess is reduced at the step."""
+
+    def test_before_any_step_every_pass_synchronizes(self):
+        w = stepped()
+        self.assertEqual(run_steps(w, "oooos"), "SSSS|")
+        self.assertEqual(list(w.lengths), [4])
+        self.assertEqual(w.windows, 1)
+
+    def test_the_guess_sends_the_windows_last_pass_only(self):
+        w = stepped()
+        run_steps(w, "oooos")
+        self.assertEqual(run_steps(w, "oooos" "oooos"), "LLLS|LLLS|")
+        self.assertEqual(w.windows, 3)
+
+    def test_a_short_window_is_reduced_at_its_step(self):
+        w = stepped(guess=4)
+        self.assertEqual(run_steps(w, "oooos" "oooos" "ooos" "oooos"), "LLLS|LLLS|LLL!LLLS|")
+        self.assertEqual(w.windows, 4)
+
+    def test_a_long_window_sends_at_the_guess_and_again_at_its_step(self):
+        w = stepped(guess=2)
+        self.assertEqual(run_steps(w, "oos" "oooos"), "LS|LSLL!")
+
+    def test_the_guess_is_the_most_frequent_recent_length_ties_the_latest(self):
+        w = stepped(guess=4)
+        run_steps(w, "oooos" "oooos" "ooos")
+        self.assertEqual(w.guessed_length(), 4)  # 4, 4, 3
+        run_steps(w, "ooos")
+        self.assertEqual(w.guessed_length(), 3)  # 4, 4, 3, 3: a tie, the latest
+
+    def test_until_step_keeps_every_pass_local(self):
+        w = stepped(guess=UNTIL_STEP)
+        self.assertEqual(run_steps(w, "oooos"), "LLLL!")
+        self.assertEqual(w.guessed_length(), 4)
+
+    def test_a_step_with_no_pass_counts_nothing(self):
+        w = stepped()
+        run_steps(w, "oos")
+        self.assertEqual(run_steps(w, "s"), "|")  # a second optimizer
+        self.assertEqual((w.windows, list(w.lengths)), (1, [2]))
+
+    def test_no_sync_signal_wins_over_the_guess(self):
+        w = stepped(guess=4)
+        # The host steps inside its own no_sync(): what DDP would not have sent
+        # either stays local (no catch-up), and the window goes on.
+        self.assertEqual(run_steps(w, "iis"), "LL|")
+        self.assertEqual(run_steps(w, "io" "s"), "LS||")
+
+    def test_without_follows_steps_a_step_changes_nothing(self):
+        w = HostWindow("t")
+        self.assertEqual(run_steps(w, "oos"), "S|S||")
+        self.assertEqual(w.windows, 2)
 
 
 class PassState(unittest.TestCase):

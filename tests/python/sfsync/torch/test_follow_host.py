@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "..", "samples", "python"))
+sys.path.insert(0, HERE)  # the GPU check carries both files into one folder
 import trainer_backend as tb  # noqa: E402
 
 
@@ -38,14 +39,24 @@ def one_sync_bytes(numels):
     return tb.wchar() - before
 
 
-def reference(windows, world, shape):
-    model = tb.build_model()
+def check_counts(syncs, numels, windows, ratio_max):
+    """On cuda: the bytes sfsync's hook and catch-ups reduced over the windows'
+    synchronizations (4-byte elements), within ratio_max."""
+    sent = sum(s.counts()["bytes_reduced"] + s.counts()["catch_up_bytes"] for s in syncs)
+    once = 4 * sum(numels) * len(windows)
+    assert 1 / ratio_max <= sent / once <= ratio_max, "reduced %d bytes, %d expected" % (sent, once)
+    print("[rank %d] %s bytes reduced / the windows' synchronizations %.3f (sfsync's counts)"
+          % (dist.get_rank(), windows, sent / once), flush=True)
+
+
+def reference(windows, world, shape, device=None):
+    model = tb.build_model().to(device or "cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for w, n in enumerate(windows):
         total = [torch.zeros_like(p) for p in model.parameters()]
         for r in range(world):
             for k in range(n):
-                x, y = tb.micro_batch(r, w, k)
+                x, y = (t.to(device or "cpu") for t in tb.micro_batch(r, w, k))
                 loss = torch.nn.functional.mse_loss(model(x), y) / n
                 grads = torch.autograd.grad(loss, list(model.parameters()))
                 for t, g in zip(total, grads):
@@ -68,6 +79,9 @@ def main():
     p.add_argument("--expect-catch-ups", type=int, default=None)
     p.add_argument("--expect-unfollowed", action="store_true",
                    help="the DDP is not followed (a host sfsync cannot serve)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: NCCL, the bytes judged by sfsync's own counts (wchar does "
+                        "not see NCCL)")
     p.add_argument("--unservable", action="store_true",
                    help="torch._dynamo.config.optimize_ddp = 'python_reducer' (torch 2.x)")
     a = p.parse_args()
@@ -75,9 +89,14 @@ def main():
     if a.unservable:
         import importlib
         importlib.import_module("torch._dynamo").config.optimize_ddp = "python_reducer"
-    dist.init_process_group("gloo")
+    tb.env_from_mpirun()
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    backend = tb.Backend(tb.build_model(), a.shape)
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    backend = tb.Backend(tb.build_model().to(device), a.shape)
     ddps = [m for m in backend.model.modules()
             if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
     if a.attach:
@@ -95,11 +114,15 @@ def main():
     tb.train(backend, windows, rank, lambda w: marks.append(tb.wchar()))
     # Measured after training: a float all-reduce of gradient size before it
     # would be a foreign call to the shim's own automatic mode (SF_FOLLOW_HOST=0).
-    sync_bytes = one_sync_bytes([sum(q.numel() for name, q in d.module.named_parameters()
-                                     if name not in getattr(d, "parameters_to_ignore", ()))
-                                 for d in ddps])
-    metric_bytes = one_sync_bytes([13])
-    ratios = [(b - a_ - metric_bytes) / sync_bytes for a_, b in zip(marks, marks[1:])]
+    numels = [sum(q.numel() for name, q in d.module.named_parameters()
+                  if name not in getattr(d, "parameters_to_ignore", ())) for d in ddps]
+    if cuda:
+        check_counts(syncs, numels, windows, a.ratio_max)
+        marks = [0] * (len(windows) + 1)
+    sync_bytes = 1 if cuda else one_sync_bytes(numels)
+    metric_bytes = 0 if cuda else one_sync_bytes([13])
+    ratios = [1.0 if cuda else (b - a_ - metric_bytes) / sync_bytes
+              for a_, b in zip(marks, marks[1:])]
     print("[rank %d] %s windows %s: bytes per window / one synchronization %s"
           % (rank, a.shape, windows, " ".join("%.3f" % r for r in ratios)), flush=True)
     bad = [(i + 1, r) for i, r in enumerate(ratios)
@@ -113,7 +136,7 @@ def main():
     gathered = [torch.zeros_like(weights) for _ in range(world)]
     dist.all_gather(gathered, weights)
     assert all(torch.equal(gathered[0], g) for g in gathered), "ranks' weights differ"
-    ref = reference(windows, world, a.shape)
+    ref = reference(windows, world, a.shape, device)
     diff = (weights - ref).abs().max().item()
     assert diff <= 1e-6, "weights %.3g off the reference (a correct no_sync())" % diff
     counts = [s.counts() for s in syncs if s is not None]
