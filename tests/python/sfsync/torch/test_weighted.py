@@ -18,7 +18,10 @@ Gloo), several buckets (a 2 KB cap). Judged:
 * plain per-micro-batch averaging (DDP's way) on the same data: its
   distance from the reference, printed, must be far outside the tolerance;
 * window_sums(): weight, loss and token sums equal the sums over ranks and
-  micro-batches, the found-inf flag and the user metric too;
+  micro-batches, the found-inf flag and the user metric too, in every
+  window; also read at is_step() of sfsync's optimizer with
+  overlap_step=True (unsharded and sharded flat; the reductions still in
+  flight there, so it must wait), whose weights are judged as above;
 * a window of global weight 0: the named error from backward() on every
   rank, the gradients left as the plain sums, no step, and the next window
   right (unsharded and sharded); a weight added after the last pass's first
@@ -178,16 +181,22 @@ def attach(model, r, world, name, reduce="weighted", how="reduce", **kw):
 
 
 def train(r, world, name, dtype=torch.float64, shard=None, reduce="weighted", how="reduce",
-          step=True, **kw):
+          step=True, overlap_step=False, **kw):
     """WINDOWS windows of MICRO micro-batches on rank r; per window the
     weights at its start, the gradients at is_step() (float64 copies) and
-    window_sums(); the final weights; what this rank added to the sums."""
+    window_sums(); the final weights; what this rank added to the sums.
+    ``overlap_step``: sfsync's optimizer with overlap_step=True, whose last
+    pass only starts the reductions: window_sums() is read first thing at
+    is_step() (it must wait for them), the gradients only after it (sharded:
+    not at all, they are ranges), the clip the optimizer's own."""
     model = make_model(dtype)
     if shard:
         kw.update(shard_optimizer=True, shard_layout=shard)
     sync, ctx = attach(model, r, world, name, reduce, how, **kw)
-    if shard:
-        opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=LR, weight_decay=DECAY)
+    if shard or overlap_step:
+        opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=LR, weight_decay=DECAY,
+                             overlap_step=overlap_step)
+        assert opt.overlap_step == overlap_step, "overlap_step did not take (one bucket?)"
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=DECAY)
     rec = {"starts": [], "grads": [], "sums": [], "added": [], "stats": None}
@@ -211,12 +220,20 @@ def train(r, world, name, dtype=torch.float64, shard=None, reduce="weighted", ho
                 else:  # DDP's way: each micro-batch's token mean, / MICRO
                     (loss / tokens / MICRO).backward()
             assert sync.is_step(), "window %d did not synchronize" % w
-            rec["grads"].append([p.grad.detach().double().clone() for p in model.parameters()])
+            if overlap_step:  # nothing has waited for the reductions yet
+                try:
+                    rec["sums"].append(sync.window_sums())
+                except sfsync.InvalidStateError as e:  # (judged by the test: every window)
+                    rec["sums"].append({"error": e.message})
+            if not (overlap_step and shard):
+                rec["grads"].append([p.grad.detach().double().clone()
+                                     for p in model.parameters()])
             if reduce == "weighted":
-                rec["sums"].append(sync.window_sums())
+                if not overlap_step:
+                    rec["sums"].append(sync.window_sums())
                 rec["added"].append(added)
             if step:
-                if shard:
+                if shard or overlap_step:
                     opt.clip_grad_norm_(CLIP)
                 else:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
@@ -259,6 +276,9 @@ def weighted_run(world, dtype, shard=None, **kw):
 
 MODES = [("unsharded", None, {}), ("unsharded-own-grad", None, {"flat_buffer": False}),
          ("sharded-flat", "flat", {}), ("sharded-parameter", "parameter", {})]
+# overlap_step=True: the window's reductions still in flight at is_step()
+OVERLAP_MODES = [("unsharded-overlap-step", None, {"overlap_step": True}),
+                 ("sharded-flat-overlap-step", "flat", {"overlap_step": True})]
 
 
 class TokenMeanReference(unittest.TestCase):
@@ -267,7 +287,7 @@ class TokenMeanReference(unittest.TestCase):
             ref, norms = reference_weights(world)
             self.assertTrue(any(n > CLIP for n in norms), "the reference never clipped "
                             "(norms %s): the clip is not tested" % norms)
-            for label, shard, kw in MODES:
+            for label, shard, kw in MODES + OVERLAP_MODES:
                 if world == 3 and label == "unsharded-own-grad":
                     continue
                 out = weighted_run(world, torch.float64, shard, **kw)
@@ -324,21 +344,35 @@ class TokenMeanReference(unittest.TestCase):
         self.assertGreater(gdiff, 100 * F32_REL)
 
     def test_window_sums_are_the_sums_over_ranks_and_micro_batches(self):
+        """Every window's own totals, also where window_sums() is read at
+        is_step() with the reductions still in flight (overlap_step=True:
+        it must wait for them, or it would raise in window 0 and hand each
+        later window the previous one's totals)."""
         for world in (2, 3):
-            out = weighted_run(world, torch.float64)
-            for w in range(WINDOWS):
-                want = [sum(o["added"][w][i] for o in out) for i in range(4)]
-                tokens = tokens_of(world, w)
-                self.assertEqual(want[1], tokens)
-                say("%d ranks window %d: window_sums %s (loss %.12g expected)" % (
-                    world, w, out[0]["sums"][w], want[0]))
-                for r, o in enumerate(out):
-                    s = o["sums"][w]
-                    self.assertEqual(s["weight"], tokens)
-                    self.assertEqual(s["tokens"], tokens)
-                    self.assertLessEqual(abs(s["loss"] - want[0]), 1e-8 * max(1, want[0]))
-                    self.assertEqual(s["found_inf"], 1 if w == 1 else 0)
-                    self.assertEqual(s["metric"], MICRO * sum(range(1, world + 1)))
+            for label, shard, kw in [("unsharded", None, {})] + OVERLAP_MODES:
+                out = weighted_run(world, torch.float64, shard, **kw)
+                wrong = []  # every window's, so that a lag shows as one
+                for w in range(WINDOWS):
+                    want = [sum(o["added"][w][i] for o in out) for i in range(4)]
+                    tokens = tokens_of(world, w)
+                    self.assertEqual(want[1], tokens)
+                    say("%d ranks %s window %d: window_sums %s (loss %.12g expected)" % (
+                        world, label, w, out[0]["sums"][w], want[0]))
+                    for r, o in enumerate(out):
+                        s = o["sums"][w]
+                        if "error" in s or not (
+                                s["weight"] == tokens and s["tokens"] == tokens and
+                                abs(s["loss"] - want[0]) <= 1e-8 * max(1, want[0]) and
+                                s["found_inf"] == (1 if w == 1 else 0) and
+                                s["metric"] == MICRO * sum(range(1, world + 1))):
+                            wrong.append("rank %d window %d: %s, not weight = tokens = %d, "
+                                         "loss %.12g" % (r, w, s, tokens, want[0]))
+                if wrong:
+                    self.fail("%d ranks %s: window_sums() of %d rank-windows wrong:\n%s"
+                              % (world, label, len(wrong), "\n".join(wrong)))
+                # the windows' counts differ, so a window's sums read as the
+                # one before's cannot pass
+                self.assertEqual(len({tokens_of(world, w) for w in range(WINDOWS)}), WINDOWS)
 
 
 class Refusals(unittest.TestCase):
