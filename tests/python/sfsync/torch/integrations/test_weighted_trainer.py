@@ -23,6 +23,19 @@ the Trainer's run gathers the counts once per window, the weighted runs
 never (accelerator.gather counted), and the plugin issued one collective per
 bucket per window; bytes written per window / gradient bytes in
 [0.95, 1.10] for the weighted run (windows after the first).
+
+Then the count each micro-batch is weighed by, on packed rows whose batch
+carries ``shift_labels`` (-100 at the seam of the two sequences: the
+``labels[..., 1:]`` count is one too many per row), per window exactly the
+collator's own count summed over ranks (packed_runs):
+
+    shift_labels  dict(reduce="weighted"): the shift_labels count
+    count_items   dict(reduce="weighted", count_items=fn, shard_optimizer=True,
+                  overlap_step=True): fn's (the attention mask's tokens), and
+                  window_sums() read in training_step with the reductions
+                  still in flight
+
+and the Trainer's training loss the mean of the windows' loss / tokens.
 """
 
 import os
@@ -80,6 +93,106 @@ class Data(torch.utils.data.Dataset):
                 "labels": self.ids[i].masked_fill(~real, -100)}
 
 
+class Packed(Data):
+    """Data as packed sequences carry it (padding-free collators, context
+    parallelism): two sequences in one row, so the batch brings its own
+    ``shift_labels`` (each position's next-token target) with -100 at the
+    seam, where the next token starts the second sequence; the count of
+    ``labels[..., 1:]`` is one too many per row."""
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        labels = item["labels"]
+        seam = 1 + i % max(1, int(self.lengths[i]) - 1)  # the second sequence's first token
+        shift = torch.cat([labels[1:], labels.new_full((1,), -100)])
+        shift[seam - 1] = -100
+        return {**item, "shift_labels": shift}
+
+
+class Counted:
+    """The Trainer's data collator (torch's default) that notes each batch's
+    counts on this rank, in the order the Trainer takes the batches: the
+    reference the weights are checked against, computed apart from
+    sfsync."""
+
+    def __init__(self):
+        self.batches = []
+
+    def __call__(self, features):
+        from transformers import default_data_collator
+        batch = default_data_collator(features)
+        self.batches.append({
+            "shift_labels": int(batch["shift_labels"].ne(-100).sum()),
+            "labels[1:]": int(batch["labels"][..., 1:].ne(-100).sum()),
+            "attention_mask": int(batch["attention_mask"].sum())})
+        return batch
+
+    def per_window(self, lengths, key):
+        """The global count of ``key`` per window (summed over ranks)."""
+        it = iter(b[key] for b in self.batches)
+        local = torch.tensor([float(sum(next(it) for _ in range(n))) for n in lengths],
+                             dtype=torch.float64)
+        dist.all_reduce(local)
+        return local.tolist()
+
+
+class Sums(TrainerCallback):
+    """Per window: window_sums() after the step (valid until the next window
+    synchronizes), and the window's micro-batches. Reads no ``.grad``."""
+
+    def __init__(self):
+        self.sums, self.lengths, self._micro, self.trainer = [], [], 0, None
+
+    def on_substep_end(self, args, state, control, **kw):
+        self._micro += 1
+
+    def on_step_end(self, args, state, control, **kw):
+        self.sums.append(self.trainer.sync.window_sums())
+        self.lengths.append(self._micro + 1)
+        self._micro = 0
+
+
+def packed_runs(checks, out):
+    """The count SfsyncTrainer weighs each micro-batch by, judged exactly
+    per window against the collator's own count: ``shift_labels != -100``
+    for batches that carry shift_labels (unsharded), and ``count_items=fn``'s
+    (here the attention mask's tokens; sharded with overlap_step=True, so
+    that training_step reads window_sums() with the reductions in flight).
+    The Trainer's training loss must be the mean of the windows' loss /
+    tokens (a window_sums() lagging one window would log the one before)."""
+    def attended(inputs):
+        return int(inputs["attention_mask"].sum())
+
+    for name, key, options in (
+            ("shift_labels", "shift_labels", dict(reduce="weighted")),
+            ("count_items", "attention_mask", dict(reduce="weighted", count_items=attended,
+                                                   shard_optimizer=True, overlap_step=True))):
+        counted, sums = Counted(), Sums()
+        trainer, _, gathers, loss = train(
+            SfsyncTrainer, out, record=sums, data=Packed(), data_collator=counted,
+            remove_unused_columns=False,  # (keeps shift_labels, not in forward's signature)
+            sync_options=dict(options, bucket_cap_mb=CAP_MB, first_bucket_cap_mb=CAP_MB))
+        want = counted.per_window(sums.lengths, key)
+        other = counted.per_window(sums.lengths, "labels[1:]")
+        weights = [s["weight"] for s in sums.sums]
+        tokens = [s["tokens"] for s in sums.sums]
+        means = [s["loss"] / s["tokens"] for s in sums.sums]
+        logged = sum(means) / len(means)
+        C.say("%s: windows %s, window weights %s, tokens %s, the collator's %s count %s "
+              "(labels[..., 1:]: %s), training loss %.8g, mean of the windows' loss / tokens "
+              "%.8g, count gathers %d" % (name, sums.lengths, weights, tokens, key, want, other,
+                                          loss, logged, len(gathers)))
+        checks.that(len(weights) == 3 and weights == want and tokens == want,
+                    "%s: every window weighed by the %s count (%s)" % (name, key, want))
+        checks.that(all(a != b for a, b in zip(want, other)),
+                    "%s: the labels[..., 1:] count differs in every window (%s)" % (name, other))
+        checks.that(abs(loss - logged) <= LOSS_REL * abs(logged),
+                    "%s: the training loss is the windows' own token means (%.8g, %.8g)"
+                    % (name, loss, logged))
+        checks.that(gathers == [], "%s: no count gather" % name)
+        trainer.sync.close()
+
+
 class Record(TrainerCallback):
     """Per window: the gradients the optimizer gets (float64 copies), the
     plugin's collectives so far, wchar."""
@@ -107,17 +220,18 @@ class Record(TrainerCallback):
         self._collectives()
 
 
-def train(cls, out, loss_type=None, **kw):
-    record = Record()
+def train(cls, out, loss_type=None, record=None, data=None, remove_unused_columns=True, **kw):
+    record = Record() if record is None else record
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=BATCH,
                              gradient_accumulation_steps=N, num_train_epochs=1,
                              learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
                              weight_decay=0.0, max_grad_norm=0.0, optim="adamw_torch",
                              average_tokens_across_devices=True,
                              logging_strategy="no", save_strategy="no", report_to="none",
-                             disable_tqdm=True, use_cpu=True, seed=0, dataloader_num_workers=0)
-    trainer = cls(model=make_model(loss_type), args=args, train_dataset=Data(),
-                  callbacks=[record], **kw)
+                             disable_tqdm=True, use_cpu=True, seed=0, dataloader_num_workers=0,
+                             remove_unused_columns=remove_unused_columns)
+    trainer = cls(model=make_model(loss_type), args=args,
+                  train_dataset=Data() if data is None else data, callbacks=[record], **kw)
     gathers = []
     gather = trainer.accelerator.gather
 
@@ -220,6 +334,7 @@ def main():
                         "%s: the Trainer steps sfsync's sharded optimizer" % name)
         checks.that(sync.windows == windows, "%s: %d sfsync windows" % (name, sync.windows))
         sync.close()
+    packed_runs(checks, out)
     checks.finish("test_weighted_trainer")
 
 
