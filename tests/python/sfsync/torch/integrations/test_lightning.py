@@ -20,6 +20,10 @@ one torchrun launch, several fits:
               reads .grad, so no gradient gather (1x), Lightning's own clip
               from the owned whole gradients, the weights bitwise
               sharded-parameter's
+    sharded-gradnorm  the same strategy and module, plus a Callback logging
+              Lightning's grad_norm in on_before_optimizer_step (a .grad
+              reader): the gradient gather stays, and the norm it logs is
+              the full gradient's, DDP's (1e-5) on every rank
 
 52 samples, batch 4, N = 3, 2 epochs: the DistributedSampler gives each
 rank 26 samples, 7 batches (the last of 2), windows 3, 3, 1 (Lightning steps
@@ -42,11 +46,13 @@ import _common as C  # noqa: E402
 
 import lightning  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
+from lightning.pytorch.utilities import grad_norm  # noqa: E402
 
 import sfsync  # noqa: E402
 from sfsync.integrations.lightning import SfsyncStrategy  # noqa: E402
 
 N, BATCH, SAMPLES, EPOCHS, LR, CLIP = 3, 4, 52, 2, 1e-2, 0.5
+NORM_REL = 1e-5  # a float32 norm of the same gradients, another summation order
 STEPS = C.STEPS
 BF16_TOL, BF16_REL = C.bf16_tol(LR), C.BF16_REL
 SHARDED, OVERLAP_TOL = C.SHARDED, C.OVERLAP_TOL
@@ -115,6 +121,18 @@ class StepMarks(Bytes):
             self.windows.step()
 
 
+class GradNorms(lightning.Callback):
+    """Lightning's documented way to log the gradient norm (its grad_norm
+    utility in on_before_optimizer_step): a callback that reads .grad between
+    the window's last backward and the step, before the clip."""
+
+    def __init__(self):
+        self.norms = []
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.norms.append(float(grad_norm(module, norm_type=2)["grad_2.0_norm_total"]))
+
+
 def loader():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(SAMPLES, 64, generator=g), torch.randn(SAMPLES, 8, generator=g)
@@ -122,14 +140,15 @@ def loader():
                                        batch_size=BATCH, shuffle=False)
 
 
-def fit(strategy, record_norms=True, owned=False):
+def fit(strategy, record_norms=True, owned=False, callbacks=()):
     model, counter = (Net(), StepMarks()) if owned else (RecordingNet(), Bytes())
     model.record_norms = record_norms
     model.windows = counter.windows
     trainer = lightning.Trainer(accelerator="gpu" if C.DEVICE == "cuda" else "cpu",
                                 devices=C.WORLD, strategy=strategy,
                                 max_epochs=EPOCHS, accumulate_grad_batches=N,
-                                gradient_clip_val=CLIP, callbacks=[counter], logger=False,
+                                gradient_clip_val=CLIP, callbacks=[counter, *callbacks],
+                                logger=False,
                                 enable_checkpointing=False, enable_progress_bar=False,
                                 enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(model, loader())
@@ -141,6 +160,7 @@ def main():
     model, ref_windows, trainer = fit(DDPStrategy())
     checks.that(isinstance(trainer.strategy, DDPStrategy), "reference: Lightning's DDPStrategy")
     ref = C.flat(model)
+    ref_norms = model.norms  # (before the clip, as on_before_optimizer_step sees them)
     gbytes = C.grad_bytes(model)
     C.say("ddp: clip norms %s" % " ".join("%.3f" % n for n in model.norms))
     cases = [("sfsync", dict(verify_every=1), 1e-6, (0.95, 1.10)),
@@ -155,7 +175,9 @@ def main():
              ("sharded-parameter", dict(shard_optimizer=True, shard_layout="parameter"), 1e-6,
               (1.15, 1.85)),
              ("sharded-owned", dict(shard_optimizer=True, shard_layout="parameter"), 1e-6,
-              (0.95, 1.10))]
+              (0.95, 1.10)),
+             ("sharded-gradnorm", dict(shard_optimizer=True, shard_layout="parameter"), 1e-6,
+              (1.15, 1.85))]
     weights = {}
     for name, options, tol, ratio in C.selected(cases):
         strategy = SfsyncStrategy(**options)
@@ -169,8 +191,10 @@ def main():
                             optimizer=type(strategy.optimizers[0]).__name__)
             original()
         strategy.teardown = teardown
+        logged = GradNorms()
         model, windows, trainer = fit(strategy, record_norms="overlap_step" not in options,
-                                      owned=name == "sharded-owned")
+                                      owned=name in ("sharded-owned", "sharded-gradnorm"),
+                                      callbacks=[logged] if name == "sharded-gradnorm" else [])
         C.say("%s: clip norms %s" % (name, " ".join("%.3f" % n for n in model.norms)))
         bf16 = "wire_dtype" in options
         C.report(checks, name, C.flat(model), ref, windows, ref_windows, gbytes, tol, ratio,
@@ -189,6 +213,17 @@ def main():
             checks.that(seen.get("optimizer") == "SyncOptimizer" and st.get("reduce_scatters"),
                         "%s: the optimizer is sfsync's sharded one" % name)
         weights[name] = C.flat(model)
+        if name == "sharded-gradnorm":
+            rel = [abs(a - b) / b for a, b in zip(logged.norms, ref_norms)]
+            spread = C.rank_spread(torch.tensor(logged.norms, dtype=torch.float64))
+            C.say("%s: grad_norm logged %s, DDP's %s, ranks apart %.3g" % (
+                name, " ".join("%.6f" % n for n in logged.norms),
+                " ".join("%.6f" % n for n in ref_norms), spread))
+            checks.that(len(rel) == len(ref_norms) == len(logged.norms) and
+                        max(rel) <= NORM_REL and spread == 0.0,
+                        "%s: the callback's grad_norm is the full gradient's on every rank "
+                        "(%.3g of DDP's, tol %g; ranks apart %.3g)"
+                        % (name, max(rel, default=float("nan")), NORM_REL, spread))
         if name == "sharded-owned":
             # one all-gather per bucket per window: the parameters only
             want = st.get("bucket_count", 0) * seen.get("windows", 0)
