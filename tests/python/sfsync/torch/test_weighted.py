@@ -28,7 +28,10 @@ Gloo), several buckets (a 2 KB cap). Judged:
   bucket started reducing: the error naming the bucket, the weight not
   added; a bf16 wire (float32 model) within a stated tolerance and the
   weight exact; accumulate_dtype=float32 on a bf16 model; world size 1;
-  the option's and the methods' errors.
+  the option's and the methods' errors;
+* totals near the limb codec's bounds (3 ranks, each weighing 2^51 - 1 - r:
+  all-ones limbs, the global total 3 * 2^51 - 6; all-ones fraction bits;
+  a negative sum) exact on float32, bf16 and float16 wires.
 
 Each comparison prints its measured distance.
 
@@ -373,6 +376,68 @@ class TokenMeanReference(unittest.TestCase):
                 # the windows' counts differ, so a window's sums read as the
                 # one before's cannot pass
                 self.assertEqual(len({tokens_of(world, w) for w in range(WINDOWS)}), WINDOWS)
+
+
+class LargeTotals(unittest.TestCase):
+    """Totals near the codec's bounds, end to end (3 ranks): each rank's
+    window weight 2^51 - 1 - r (a count whose limbs are all ones: every
+    digit at its largest, so that the sum of 3 ranks' digits needs the
+    headroom of ceil(log2 3) bits, and the global total 3 * 2^51 - 6 needs
+    all of the codec's T bits), a loss slot of all-ones fraction bits
+    (2^18 - 2^-32 per rank) and a negative metric (two's complement: its
+    high limbs all ones), on a float32 wire (22-bit digits), a bf16 wire
+    (6-bit) and a float16 wire (9-bit). The totals must be exact (float64
+    ==), the gradients the plain sums / that total."""
+
+    WEIGHT = 2.0 ** 51 - 1
+    FRACTION = 2.0 ** 18 - 2.0 ** -32
+
+    def window(self, wire):
+        world = 3
+
+        def fn(r, name):
+            model = make_model(torch.float32)
+            kw = {} if wire is None else {"wire_dtype": wire}
+            sync, _ = attach(model, r, world, name, **kw)
+            try:
+                left = self.WEIGHT - r
+                for m in range(MICRO):
+                    loss, tokens = loss_sum(sync, *batch(r, 0, m))
+                    n = left if m == MICRO - 1 else int(tokens)  # the last: the rest
+                    left -= n
+                    sync.weigh(n)
+                    sync.add_window_sums(loss=self.FRACTION if m == 0 else 0.0, tokens=n,
+                                         metric=-self.FRACTION * (r + 1) if m == 1 else 0.0)
+                    loss.backward()
+                assert sync.is_step() and left == 0
+                return sync.window_sums(), [p.grad.detach().double().clone()
+                                            for p in model.parameters()]
+            finally:
+                sync.close()
+        return run_ranks(world, fn)
+
+    def test_totals_near_the_bounds_are_exact_3_ranks(self):
+        total = 3 * self.WEIGHT - 3  # (2^51 - 1) + (2^51 - 2) + (2^51 - 3)
+        self.assertEqual(total, 3 * 2 ** 51 - 6)  # (float64 holds it exactly)
+        model = make_model(torch.float32).double()
+        plain = [torch.zeros_like(p) for p in model.parameters()]
+        for ids, labels in window_data(3, 0):
+            model.zero_grad(set_to_none=True)
+            loss_sum(model, ids, labels)[0].backward()
+            for acc, p in zip(plain, model.parameters()):
+                acc += p.grad
+        want = {"weight": total, "tokens": total, "loss": 3 * self.FRACTION, "found_inf": 0.0,
+                "metric": -6 * self.FRACTION}
+        for wire, rel_tol in ((None, F32_REL), ("bfloat16", BF16_REL), ("float16", BF16_REL)):
+            ref = [g / total for g in plain]
+            for r, (sums, grads) in enumerate(self.window(wire)):
+                rel = max_diff(grads, ref) / largest(ref)
+                if r == 0:
+                    say("large totals, 3 ranks, %s wire: window_sums %r (want %r), gradients "
+                        "within %.3g of the largest of sums / total" % (
+                            wire or "float32", sums, want, rel))
+                self.assertEqual(sums, want, "%s wire, rank %d" % (wire or "float32", r))
+                self.assertLessEqual(rel, rel_tol, "%s wire, rank %d" % (wire or "float32", r))
 
 
 class Refusals(unittest.TestCase):
