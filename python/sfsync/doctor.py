@@ -22,8 +22,10 @@ import sfsync
 
 #: gloo::allreduce(gloo::AllreduceOptions const&), the one Gloo call the shim interposes.
 GLOO_ALLREDUCE = "_ZN4gloo9allreduceERKNS_16AllreduceOptionsE"
-SHIM_CAN = "the shim can serve it"
-SHIM_CANNOT = "the shim cannot serve this torch: use sfsync.torch.attach/GradientSync"
+SHIM_CAN = ("the shim can serve it (a Python host: every DDP follows the host's windows "
+            "in-process; SF_FOLLOW_HOST=0: the shim's Gloo interposer)")
+SHIM_CANNOT = ("the shim serves it in-process only (every DDP follows the host's windows; "
+               "its Gloo interposer cannot read this torch's Gloo)")
 
 _DT_NEEDED, _DT_STRTAB, _PT_LOAD, _PT_DYNAMIC = 1, 5, 1, 2
 

@@ -66,7 +66,8 @@ class Backend:
         self.model = DDP(model, gradient_as_bucket_view=True, broadcast_buffers=False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         self.max_norm = max_norm
-        self.metric_values = []
+        self.metric_values = []      # the metric all-reduce's results (global)
+        self.local_loss_sums = []    # what this rank put in
 
     def _context(self, is_boundary):
         if is_boundary or self.shape == "none":
@@ -91,6 +92,7 @@ class Backend:
     def step(self, loss_sum):
         # A metric all-reduce at each boundary: 13 float32 (52 bytes).
         metric = torch.full((13,), float(loss_sum), device=self.device)
+        self.local_loss_sums.append(metric[0].item())
         dist.all_reduce(metric)
         self.metric_values.append(metric[0].item())
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)

@@ -18,6 +18,7 @@ Each rank checks, and prints one RESULT line when every check holds:
 """
 
 import argparse
+import gc
 import os
 import sys
 
@@ -69,34 +70,9 @@ def reference(windows, world, shape, device=None):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="backward-only", choices=tb.SHAPES)
-    p.add_argument("--windows", default="4,4,4")
-    p.add_argument("--attach", action="store_true", help="attach(ddp) in code, no count")
-    p.add_argument("--judge-from", type=int, default=1, help="the first window judged (1-based)")
-    p.add_argument("--ratio-max", type=float, default=1.03)
-    p.add_argument("--expect-catch-ups", type=int, default=None)
-    p.add_argument("--expect-unfollowed", action="store_true",
-                   help="the DDP is not followed (a host sfsync cannot serve)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                   help="cuda: NCCL, the bytes judged by sfsync's own counts (wchar does "
-                        "not see NCCL)")
-    p.add_argument("--unservable", action="store_true",
-                   help="torch._dynamo.config.optimize_ddp = 'python_reducer' (torch 2.x)")
-    a = p.parse_args()
-    windows = [int(n) for n in a.windows.split(",")]
-    if a.unservable:
-        import importlib
-        importlib.import_module("torch._dynamo").config.optimize_ddp = "python_reducer"
-    tb.env_from_mpirun()
-    cuda = a.device == "cuda"
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda") if cuda else torch.device("cpu")
-    backend = tb.Backend(tb.build_model().to(device), a.shape)
+def run_case(a, shape, windows, ratio_max, expect_catch_ups, device, rank, world):
+    """One host of `shape` trained over `windows`; asserts, prints its RESULT."""
+    backend = tb.Backend(tb.build_model().to(device), shape)
     ddps = [m for m in backend.model.modules()
             if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
     if a.attach:
@@ -110,6 +86,7 @@ def main():
     else:
         assert all(s is not None for s in syncs), (
             "a DDP is not followed (SF_FOLLOW_HOST / --attach): %r" % syncs)
+    cuda = device.type == "cuda"
     marks = [tb.wchar()]
     tb.train(backend, windows, rank, lambda w: marks.append(tb.wchar()))
     # Measured after training: a float all-reduce of gradient size before it
@@ -117,36 +94,89 @@ def main():
     numels = [sum(q.numel() for name, q in d.module.named_parameters()
                   if name not in getattr(d, "parameters_to_ignore", ())) for d in ddps]
     if cuda:
-        check_counts(syncs, numels, windows, a.ratio_max)
+        check_counts(syncs, numels, windows, ratio_max)
         marks = [0] * (len(windows) + 1)
     sync_bytes = 1 if cuda else one_sync_bytes(numels)
     metric_bytes = 0 if cuda else one_sync_bytes([13])
     ratios = [1.0 if cuda else (b - a_ - metric_bytes) / sync_bytes
               for a_, b in zip(marks, marks[1:])]
     print("[rank %d] %s windows %s: bytes per window / one synchronization %s"
-          % (rank, a.shape, windows, " ".join("%.3f" % r for r in ratios)), flush=True)
+          % (rank, shape, windows, " ".join("%.3f" % r for r in ratios)), flush=True)
     bad = [(i + 1, r) for i, r in enumerate(ratios)
-           if i + 1 >= a.judge_from and not 1 / a.ratio_max <= r <= a.ratio_max]
+           if i + 1 >= a.judge_from and not 1 / ratio_max <= r <= ratio_max]
     assert not bad, "windows outside [1/%g, %g] x the gradient bytes: %s" % (
-        a.ratio_max, a.ratio_max, bad)
-    # The metric all-reduce: untouched (the sum of every rank's loss sum).
-    for v in backend.metric_values:
-        assert v != 0.0
+        ratio_max, ratio_max, bad)
+    # The metric all-reduce, untouched: the sum of every rank's own loss sums.
+    local = torch.tensor(backend.local_loss_sums, dtype=torch.float32, device=device)
+    every = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(every, local)
+    expected = torch.stack(every).sum(0).tolist()
+    assert backend.metric_values == expected, "the metric all-reduce gave %r, not %r" % (
+        backend.metric_values, expected)
     weights = torch.cat([q.detach().reshape(-1) for q in backend.model.module.parameters()])
     gathered = [torch.zeros_like(weights) for _ in range(world)]
     dist.all_gather(gathered, weights)
     assert all(torch.equal(gathered[0], g) for g in gathered), "ranks' weights differ"
-    ref = reference(windows, world, a.shape, device)
+    ref = reference(windows, world, shape, device)
     diff = (weights - ref).abs().max().item()
     assert diff <= 1e-6, "weights %.3g off the reference (a correct no_sync())" % diff
     counts = [s.counts() for s in syncs if s is not None]
     catch_ups = max([c["catch_ups"] for c in counts] or [0])
-    if a.expect_catch_ups is not None:
-        assert catch_ups == a.expect_catch_ups, "catch-ups %d, expected %d: %r" % (
-            catch_ups, a.expect_catch_ups, counts)
-    print("[rank %d] RESULT shape=%s windows=%s max_abs_diff=%.3g ranks_equal=1 catch_ups=%d "
-          "catch_up_bytes=%d OK" % (rank, a.shape, a.windows, diff, catch_ups,
-                                    sum(c["catch_up_bytes"] for c in counts)), flush=True)
+    if expect_catch_ups is not None:
+        assert catch_ups == expect_catch_ups, "catch-ups %d, expected %d: %r" % (
+            catch_ups, expect_catch_ups, counts)
+    print("[rank %d] RESULT shape=%s windows=%s max_abs_diff=%.3g ranks_equal=1 metric_calls=%d "
+          "catch_ups=%d catch_up_bytes=%d OK"
+          % (rank, shape, ",".join(map(str, windows)), diff, len(backend.metric_values),
+             catch_ups, sum(c["catch_up_bytes"] for c in counts)), flush=True)
+
+
+def parse_case(spec, a):
+    """SHAPE/WINDOWS[/catch=N][/ratio=X] -> (shape, windows, ratio_max, catch-ups)."""
+    parts = spec.split("/")
+    if len(parts) < 2 or parts[0] not in tb.SHAPES:
+        raise SystemExit("--case %r: expected SHAPE/WINDOWS[/catch=N][/ratio=X]" % spec)
+    extra = dict(p.split("=", 1) for p in parts[2:])
+    return (parts[0], [int(n) for n in parts[1].split(",")],
+            float(extra.get("ratio", a.ratio_max)),
+            int(extra["catch"]) if "catch" in extra else a.expect_catch_ups)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="backward-only", choices=tb.SHAPES)
+    p.add_argument("--windows", default="4,4,4")
+    p.add_argument("--case", action="append", default=[],
+                   help="SHAPE/WINDOWS[/catch=N][/ratio=X], repeatable: hosts one after "
+                        "the other in these processes (instead of --shape/--windows)")
+    p.add_argument("--attach", action="store_true", help="attach(ddp) in code, no count")
+    p.add_argument("--judge-from", type=int, default=1, help="the first window judged (1-based)")
+    p.add_argument("--ratio-max", type=float, default=1.03)
+    p.add_argument("--expect-catch-ups", type=int, default=None)
+    p.add_argument("--expect-unfollowed", action="store_true",
+                   help="the DDP is not followed (a host sfsync cannot serve)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: NCCL, the bytes judged by sfsync's own counts (wchar does "
+                        "not see NCCL)")
+    p.add_argument("--unservable", action="store_true",
+                   help="torch._dynamo.config.optimize_ddp = 'python_reducer' (torch 2.x)")
+    a = p.parse_args()
+    cases = [parse_case(c, a) for c in a.case] or [
+        (a.shape, [int(n) for n in a.windows.split(",")], a.ratio_max, a.expect_catch_ups)]
+    if a.unservable:
+        import importlib
+        importlib.import_module("torch._dynamo").config.optimize_ddp = "python_reducer"
+    tb.env_from_mpirun()
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    for shape, windows, ratio_max, catch_ups in cases:
+        run_case(a, shape, windows, ratio_max, catch_ups, device, rank, world)
+        gc.collect()  # the case's DDPs (and the hooks that follow them) go
+    print("[rank %d] ALL %d cases OK" % (rank, len(cases)), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
