@@ -51,7 +51,7 @@ def micro_batch(rank, window, micro, seed=1):
 class Backend:
     """The backend: wraps the model in DDP, runs micro-batches, steps."""
 
-    def __init__(self, model, shape="backward-only", lr=1e-2, max_norm=1.0):
+    def __init__(self, model, shape="backward-only", lr=1e-2, max_norm=1.0, comm_hook=False):
         if shape not in SHAPES:
             raise ValueError("shape must be one of %s, not %r" % (", ".join(SHAPES), shape))
         self.shape = shape
@@ -64,6 +64,9 @@ class Backend:
                 model, ["0.module." + name for name, _ in model[0].module.named_parameters()])
         self.device = next(model.parameters()).device
         self.model = DDP(model, gradient_as_bucket_view=True, broadcast_buffers=False)
+        if comm_hook:  # a backend that registers its own communication hook
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            self.model.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         self.max_norm = max_norm
         self.metric_values = []      # the metric all-reduce's results (global)

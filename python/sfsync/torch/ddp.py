@@ -20,7 +20,7 @@ import torch
 
 import sfsync
 from sfsync.host_window import UNTIL_STEP, HostWindow
-from sfsync.torch import catch_up, step_hook
+from sfsync.torch import step_hook
 from sfsync.torch.face import WindowFace, check_counts, set_window
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.verify import Verifier, named_state
@@ -157,12 +157,10 @@ class DDPSync(WindowFace):
             if self._host_hook is not None:  # the host's own hook sends (follow.py)
                 state, hook = self._host_hook
                 fut = hook(state, bucket)
-                if bucket.is_last() and window.end_pass():
-                    window.close_window()
-                return fut
-            buf.div_(self.world_size)
-            fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
-            fut = fut.then(lambda f: f.value()[0])
+            else:
+                buf.div_(self.world_size)
+                fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+                fut = fut.then(lambda f: f.value()[0])
         if bucket.is_last() and window.end_pass():
             window.close_window()
         return fut

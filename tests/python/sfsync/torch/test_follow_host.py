@@ -70,9 +70,10 @@ def reference(windows, world, shape, device=None):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def run_case(a, shape, windows, ratio_max, expect_catch_ups, device, rank, world):
+def run_case(a, case, device, rank, world):
     """One host of `shape` trained over `windows`; asserts, prints its RESULT."""
-    backend = tb.Backend(tb.build_model().to(device), shape)
+    shape, windows, ratio_max, expect_catch_ups, hook = case
+    backend = tb.Backend(tb.build_model().to(device), shape, comm_hook=hook)
     ddps = [m for m in backend.model.modules()
             if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
     if a.attach:
@@ -132,14 +133,16 @@ def run_case(a, shape, windows, ratio_max, expect_catch_ups, device, rank, world
 
 
 def parse_case(spec, a):
-    """SHAPE/WINDOWS[/catch=N][/ratio=X] -> (shape, windows, ratio_max, catch-ups)."""
+    """SHAPE/WINDOWS[/catch=N][/ratio=X][/hook=1] -> (shape, windows,
+    ratio_max, catch-ups, the host registers its own comm hook)."""
     parts = spec.split("/")
     if len(parts) < 2 or parts[0] not in tb.SHAPES:
-        raise SystemExit("--case %r: expected SHAPE/WINDOWS[/catch=N][/ratio=X]" % spec)
+        raise SystemExit("--case %r: expected SHAPE/WINDOWS[/catch=N][/ratio=X][/hook=1]" % spec)
     extra = dict(p.split("=", 1) for p in parts[2:])
     return (parts[0], [int(n) for n in parts[1].split(",")],
             float(extra.get("ratio", a.ratio_max)),
-            int(extra["catch"]) if "catch" in extra else a.expect_catch_ups)
+            int(extra["catch"]) if "catch" in extra else a.expect_catch_ups,
+            extra.get("hook") == "1")
 
 
 def main():
@@ -147,7 +150,7 @@ def main():
     p.add_argument("--shape", default="backward-only", choices=tb.SHAPES)
     p.add_argument("--windows", default="4,4,4")
     p.add_argument("--case", action="append", default=[],
-                   help="SHAPE/WINDOWS[/catch=N][/ratio=X], repeatable: hosts one after "
+                   help="SHAPE/WINDOWS[/catch=N][/ratio=X][/hook=1], repeatable: hosts one after "
                         "the other in these processes (instead of --shape/--windows)")
     p.add_argument("--attach", action="store_true", help="attach(ddp) in code, no count")
     p.add_argument("--judge-from", type=int, default=1, help="the first window judged (1-based)")
@@ -162,7 +165,7 @@ def main():
                    help="torch._dynamo.config.optimize_ddp = 'python_reducer' (torch 2.x)")
     a = p.parse_args()
     cases = [parse_case(c, a) for c in a.case] or [
-        (a.shape, [int(n) for n in a.windows.split(",")], a.ratio_max, a.expect_catch_ups)]
+        (a.shape, [int(n) for n in a.windows.split(",")], a.ratio_max, a.expect_catch_ups, False)]
     if a.unservable:
         import importlib
         importlib.import_module("torch._dynamo").config.optimize_ddp = "python_reducer"
@@ -173,8 +176,8 @@ def main():
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda") if cuda else torch.device("cpu")
-    for shape, windows, ratio_max, catch_ups in cases:
-        run_case(a, shape, windows, ratio_max, catch_ups, device, rank, world)
+    for case in cases:
+        run_case(a, case, device, rank, world)
         gc.collect()  # the case's DDPs (and the hooks that follow them) go
     print("[rank %d] ALL %d cases OK" % (rank, len(cases)), flush=True)
     dist.barrier()
