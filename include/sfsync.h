@@ -11,9 +11,20 @@
  *    calling thread's sf_last_error() names the function, the argument and the
  *    value at fault, and out-parameters are left untouched.
  *  - No exception, abort or exit crosses this boundary.
- *  - A context may be used from several threads, but the window calls
- *    (begin/end/synchronize) and registration must not race with each other;
- *    sf_grad_ready may be called from any thread (e.g. autograd hooks).
+ *  - A context may be used from several threads; sf_grad_ready may be
+ *    called from any thread (e.g. autograd hooks). Since 0.5 the window
+ *    calls (sf_begin_accumulation, sf_end_accumulation, sf_synchronize,
+ *    sf_synchronize_start, sf_zero_gradients, sf_restore_windows,
+ *    sf_gather_gradients) may come from several threads at once: they are
+ *    served one at a time per context, each seeing the window before or
+ *    after another thread's call, never in between (which goes first is the
+ *    scheduler's choice: a call that is wrong in the order it got is refused
+ *    with SF_ERR_INVALID_STATE as from one thread; two sf_synchronize calls
+ *    at once synchronize once, see sf_synchronize). sf_get_stats,
+ *    sf_in_accumulation and sf_bucket_info may run beside any of them.
+ *    Before 0.5 the window calls had to come from one thread at a time.
+ *    Registration must not race with the window calls, and sf_destroy with
+ *    no call on the same context at all (see sf_destroy).
  *    The first use of a context whose buckets are not built yet may come
  *    from many threads at once (sf_grad_ready, sf_gradient_data,
  *    sf_build_buckets, sf_zero_gradients, sf_synchronize, sf_bucket_info,
@@ -224,7 +235,12 @@ SF_API sf_status sf_create(const sf_options* opts, sf_context** out);
  *  same timeout_ms: the teardown ends within timeout_ms (+ 2 s slack).
  *  Never fails; the default context must not
  *  be passed here (it is ignored). Since 0.2 it never creates the default
- *  context and leaves sf_last_error() unchanged. */
+ *  context and leaves sf_last_error() unchanged.
+ *  It frees the handle, as free() does: it must be the last call on `ctx`,
+ *  made once every other thread's call on `ctx` (sf_synchronize,
+ *  sf_grad_ready, ...) has returned and none can start; a call that runs
+ *  beside it or after it is undefined behaviour. Join (or otherwise wait
+ *  for) the threads that use the context first. */
 SF_API void sf_destroy(sf_context* ctx);
 
 /**
@@ -297,7 +313,10 @@ SF_API sf_status sf_build_buckets(sf_context* ctx);
 SF_API sf_status sf_gradient_data(sf_context* ctx, int64_t id, void** out);
 
 /** Zero every registered gradient (host and plugin-owned), as an optimizer's
- *  zero_grad. SF_ERR_INVALID_STATE while a synchronization is in flight. */
+ *  zero_grad. SF_ERR_INVALID_STATE while bucket collectives started by
+ *  sf_grad_ready are in flight (call sf_synchronize first). Since 0.5, one
+ *  called while another thread's sf_synchronize runs waits for it and then
+ *  zeroes (never zeroes a bucket on the wire). */
 SF_API sf_status sf_zero_gradients(sf_context* ctx);
 
 /* ---- The accumulation window ------------------------------------------- */
@@ -371,6 +390,19 @@ SF_API sf_status sf_grad_ready(sf_context* ctx, int64_t id);
  * element) or bfloat16-only layouts above 256 ranks. Since 0.4 the first
  * synchronization of a context compares the numbers exactly, in every
  * layout (they ride in the layout check's collective: sf_restore_windows).
+ *
+ * Threads (since 0.5): two or more threads may call it at once on one
+ * context (with the other window calls, see the conventions at the top).
+ * One of them synchronizes; each call that started while that one ran
+ * waits for it and returns its status (SF_OK, or its error with a message
+ * that says the call waited for another thread's synchronization): the
+ * window is synchronized once, on every rank in step, and every call
+ * returns only when the reduced gradients are in place. A call that starts
+ * after another returned is a synchronization of its own (the rules above:
+ * a window of one micro-batch, or an extra synchronization), so threads
+ * that mean one window must overlap, or the host must call it once.
+ * Before 0.5, two calls at once could fail with SF_ERR_INTERNAL, leave the
+ * ranks with different values and corrupt memory.
  */
 SF_API sf_status sf_synchronize(sf_context* ctx);
 

@@ -6,7 +6,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <new>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "plugin/core/dtype.h"
@@ -137,7 +139,13 @@ void* Context::gradientData(int64_t id) {
   return reducer_.gradientData(id);
 }
 
+void Context::zeroGradients() {
+  std::lock_guard<std::mutex> lock(windowMutex_);
+  reducer_.zero();
+}
+
 void Context::beginAccumulation() {
+  std::lock_guard<std::mutex> lock(windowMutex_);  // a window call (context.h, "Threads")
   if (clock_.inWindow()) {
     // Said at the call: a host that ignores the status (ctypes does) would
     // otherwise keep window K open, and under the shim train on local gradients.
@@ -165,6 +173,7 @@ void Context::beginAccumulation() {
 }
 
 void Context::endAccumulation() {
+  std::lock_guard<std::mutex> lock(windowMutex_);  // a window call (context.h, "Threads")
   if (!clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE, "not inside an accumulation window (sf_end_accumulation without "
                                "sf_begin_accumulation)");
@@ -194,6 +203,7 @@ void Context::endAccumulation() {
 }
 
 void Context::restoreWindows(int64_t windowsCompleted) {
+  std::lock_guard<std::mutex> lock(windowMutex_);  // a window call (context.h, "Threads")
   if (windowsCompleted < 0) {
     fail(SF_ERR_INVALID_ARGUMENT,
          "windows_completed = " + std::to_string(windowsCompleted) +
@@ -237,6 +247,60 @@ void Context::tracePass(bool inWindow, int64_t nth) {
 }
 
 void Context::synchronize() {
+  // Read before waiting for the lock, then counted as a caller (the order a
+  // test that waits on synchronizeCallers() relies on): a synchronization
+  // that ends while this call waits ran at the same time as this call.
+  const int64_t endedBefore = syncsEnded_.load(std::memory_order_acquire);
+  syncCallers_.fetch_add(1, std::memory_order_release);
+  struct Leave {
+    std::atomic<int>& callers;
+    ~Leave() { callers.fetch_sub(1, std::memory_order_release); }
+  } leave{syncCallers_};
+  std::lock_guard<std::mutex> lock(windowMutex_);
+  if (syncsEnded_.load(std::memory_order_relaxed) != endedBefore) {
+    // Two threads asked for the same window: it is synchronized once, and
+    // this call answers as that synchronization did. A second round of
+    // collectives here would pair with the peers' next window.
+    const SyncOutcome& o = lastSync_;
+    SF_LOG(kInfo, "window", "sf_synchronize waited for window "
+                                << o.window << "'s synchronization by another thread (status "
+                                << o.status << "): not synchronized again");
+    if (o.status != SF_OK) {
+      throw Error(o.status, "another thread's sf_synchronize of this context ran while this call "
+                            "waited, and this call returns its outcome (window " +
+                                std::to_string(o.window) + " is not synchronized again): " +
+                                o.message);
+    }
+    return;
+  }
+  SyncOutcome outcome;
+  outcome.window = clock_.current();  // the open window's, if refused inside it
+  struct Record {  // the outcome and the count, also when the synchronization throws
+    Context& c;
+    SyncOutcome& o;
+    ~Record() {
+      c.lastSync_ = std::move(o);
+      c.syncsEnded_.fetch_add(1, std::memory_order_release);
+    }
+  } record{*this, outcome};
+  try {
+    synchronizeLocked(&outcome.window);
+  } catch (const Error& e) {
+    outcome.status = e.status();
+    outcome.message = e.what();
+    throw;
+  } catch (const std::bad_alloc&) {
+    outcome.status = SF_ERR_OUT_OF_MEMORY;
+    outcome.message = "out of memory";
+    throw;
+  } catch (...) {
+    outcome.status = SF_ERR_INTERNAL;
+    outcome.message = "an unexpected failure (the first call's sf_last_error() says which)";
+    throw;
+  }
+}
+
+void Context::synchronizeLocked(int64_t* windowOut) {
   if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_synchronize inside an accumulation window: the optimizer would step on unreduced "
@@ -245,6 +309,7 @@ void Context::synchronize() {
   const auto t0 = std::chrono::steady_clock::now();
   const PassRef pass = clock_.claim();
   const int64_t window = pass.window;
+  *windowOut = window;
   const double t0Us = trace_ ? Tracer::nowUs() : 0;
   bool weightless = false;
   try {
@@ -433,6 +498,7 @@ int64_t Context::gradientBucket(int64_t id) {
 }
 
 void Context::synchronizeStart() {
+  std::lock_guard<std::mutex> lock(windowMutex_);  // a window call (context.h, "Threads")
   if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_synchronize_start inside an accumulation window: the optimizer would step on "
@@ -465,6 +531,7 @@ void Context::gatherParameters() {
 }
 
 void Context::gatherGradients() {
+  std::lock_guard<std::mutex> lock(windowMutex_);  // a window call (context.h, "Threads")
   if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE,
          "sf_gather_gradients inside an accumulation window: the window's gradients are not "

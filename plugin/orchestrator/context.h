@@ -5,12 +5,28 @@
 // (asking its WindowClock, which owns the window state and number), argument
 // validation and the stats; delegates gradients and buckets to the Reducer
 // and transport to the backends. Not responsible for how bytes move.
+//
+// Threads (since 0.5): the window calls (begin, end, synchronize,
+// synchronizeStart, zeroGradients, restoreWindows, gatherGradients) hold
+// one lock, windowMutex_, for their whole run, so two host threads that make
+// them at once are served one after the other and each sees the window
+// before or after the other's call, never between (the clock's counters and
+// the reducer's bucket cycles then change only under it). A synchronize that
+// waited for the lock while another thread's synchronize ran does not
+// synchronize again: it returns that synchronization's outcome (see
+// synchronize()). grad-ready never takes the lock (autograd hooks call it
+// while the training thread waits in synchronize; it meets a synchronization
+// on the reducer's lock, as before), nor do the counters' readers (stats,
+// the shim's window state). The lock order is windowMutex_, then the
+// reducer's lock, then backendsMutex_; nothing under the reducer's lock or
+// on a backend's threads calls back into a window call.
 
 #include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "plugin/backend/backend.h"
 #include "plugin/core/tracer.h"
@@ -54,7 +70,9 @@ class Context {
   void buildBuckets() { reducer_.build(); }
   void* gradientData(int64_t id);
   void* parameterData(int64_t id);
-  void zeroGradients() { reducer_.zero(); }
+  // A window call (serialized with the others): waits for a synchronization
+  // another thread runs, then zeroes.
+  void zeroGradients();
   void shardRange(int64_t id, int64_t* offset, int64_t* count);
   int64_t gradientBucket(int64_t id);
   void bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype* dtype) const;
@@ -90,7 +108,17 @@ class Context {
 
   // ---- Synchronization: reductions, waits, gathers --------------------------
   void gradReady(int64_t id);
+  // Serialized with the other window calls. A call that finds another
+  // thread's synchronize under way (it read the count of ended
+  // synchronizations before it waited for the lock, and the count moved
+  // while it waited) does not synchronize again: it returns, or rethrows,
+  // the outcome of that synchronization, so a window is synchronized once
+  // however many threads ask. A call made after another returned is a
+  // synchronization of its own.
   void synchronize();
+  // synchronize() calls entered and not yet returned (those waiting for the
+  // lock included): a test waits on it to make two calls overlap.
+  int synchronizeCallers() const { return syncCallers_.load(std::memory_order_acquire); }
   void synchronizeStart();
   void waitBucket(int64_t bucket);
   void startGather(int64_t bucket);
@@ -124,6 +152,9 @@ class Context {
   void checkId(int64_t id) const;
   // SF_ERR_INVALID_STATE inside a window or while buckets are in flight.
   void checkIdle(const char* what) const;
+  // synchronize() with windowMutex_ held; the window it synchronized (or
+  // tried) in *window.
+  void synchronizeLocked(int64_t* window);
   // trace_ set: the nth grad-ready call of the window, or of those outside
   // a window since the last synchronization (the clock's count).
   void tracePass(bool inWindow, int64_t nth);
@@ -141,6 +172,19 @@ class Context {
 
   // The windows and the number each synchronization checks across ranks.
   WindowClock clock_;
+  // The window calls, one at a time (see "Threads" above).
+  std::mutex windowMutex_;
+  // synchronize() calls that ended (succeeded or failed), written under
+  // windowMutex_, and the outcome of the last (under windowMutex_): what a
+  // call that waited for it returns.
+  std::atomic<int64_t> syncsEnded_{0};
+  struct SyncOutcome {
+    sf_status status = SF_OK;
+    std::string message;
+    int64_t window = 0;
+  };
+  SyncOutcome lastSync_;
+  std::atomic<int> syncCallers_{0};
   // What the misuse warnings need besides the clock.
   mutable std::atomic<bool> followed_{false};
   std::atomic<bool> saidAffectsNothing_{false};

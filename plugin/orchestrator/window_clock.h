@@ -36,9 +36,11 @@
 //
 // Threads: grad-ready may come from any thread (autograd hooks), and every
 // counter is readable from any thread; the window calls themselves (begin,
-// end, synchronized, claim, restore) come from the host's one training
-// thread and do not race with each other (restore not with grad-ready
-// either: it precedes every window call).
+// end, synchronized, claim, restore) do not race with each other: the
+// Context makes them under its window lock (context.h, "Threads"; since
+// 0.5 the host may call the entry points from several threads), and
+// synchronized() runs under the reducer's lock inside such a call (restore
+// does not race with grad-ready either: it precedes every window call).
 
 #include <atomic>
 #include <cstdint>

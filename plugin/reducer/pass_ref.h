@@ -17,8 +17,9 @@
 // the reducer's lock, through PassClock: a grad-ready can then never be
 // handed a pass that a synchronization closed after the hook read the clock
 // (its reduction would go to the closed pass, or the passes would run
-// backwards between two hooks). The other calls come from the training
-// thread, which is the only one that closes passes, and take a PassRef.
+// backwards between two hooks). The other calls come from the host's
+// window calls, which the Context serializes (only a synchronization closes
+// a pass), and take a PassRef.
 
 #include <cstdint>
 
