@@ -55,6 +55,9 @@ const Param kParams[] = {
      "shim/policy/shim_policy.cpp"},
     {"SF_SHIM_REPORT", "path", "unset", "the shim: JSON report at exit (%r rank, %p pid)",
      "shim/policy/shim_policy.cpp"},
+    {"SF_FOLLOW_HOST", "int", "unset",
+     "1: every DDP of a Python host follows its windows in-process (the shim sets it); "
+     "0: the shim's own windows", "shim/python_host.cpp"},
 };
 
 }  // namespace
