@@ -172,7 +172,8 @@ class DDPSync(WindowFace):
 
     @property
     def guess(self):
-        """The first window's guessed length (no count; None: not guessed)."""
+        """The guessed length of the first window, or None where nothing is
+        guessed (a count was given, or no guess yet)."""
         return self._window.guess
 
     def set_host_hook(self, state, hook):
