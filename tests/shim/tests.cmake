@@ -72,6 +72,12 @@ else()
     ARGS --mode calls --reference ${ref} --check-grads --local-from 1
          --report ${reports}/explicit-%r.json --expect calls
     ENV "${preload};SF_SHIM_REPORT=${reports}/explicit-%r.json")
+  # (a') the same two ctypes calls with the default since 0.5 (SF_FOLLOW_HOST
+  # unset: the shim hands a Python host to the in-process layer, which reads
+  # the default context's windows): local from window 1, the reference's weights.
+  sf_shim_ddp_test(shim_ddp_explicit_windows_in_process
+    ARGS --mode calls --reference ${ref} --check-grads --local-from 1
+    ENV "${preload};SF_FOLLOW_HOST=1")
   # (b) the script untouched, SF_ACCUMULATION_STEPS=4: passes counted by the shim.
   sf_shim_ddp_test(shim_ddp_automatic_windows
     ARGS --mode plain --reference ${ref} --check-grads --local-from 6
@@ -217,6 +223,13 @@ else()
     ARGS --mode calls --reference ${ref2} --check-grads
     ENV "${preload2}"
     LINES "${torch2_warn}${torch2_said_calls}${torch2_passes}" "^OK$")
+  # ... and with the default since 0.5 (SF_FOLLOW_HOST unset: the in-process
+  # layer reads the default context's windows), they take effect on pip's
+  # torch: local from window 1, the reference's weights.
+  sf_shim_torch2_test(shim_torch2_explicit_windows_in_process
+    ARGS --mode calls --reference ${ref2} --check-grads --local-from 1
+    ENV "${preload2};SF_FOLLOW_HOST=1"
+    LINES "^OK$")
   # SF_STRICT=1: the first all-reduce fails with the message; the host's
   # backward raises it, the process exits 1.
   sf_shim_torch2_test(shim_torch2_foreign_gloo_strict

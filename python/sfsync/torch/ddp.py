@@ -21,6 +21,7 @@ import torch
 import sfsync
 from sfsync.host_window import UNTIL_STEP, HostWindow
 from sfsync.torch import step_hook
+from sfsync.torch.explicit_windows import explicit_window_open
 from sfsync.torch.face import WindowFace, check_counts, set_window
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.verify import Verifier, named_state
@@ -127,12 +128,14 @@ class DDPSync(WindowFace):
 
     def _host_no_sync(self):
         """The host's no_sync() is active now: this face's own, or, without a
-        count, that of any DDP that follows the host (its outer DDP)."""
+        count, that of any DDP that follows the host (its outer DDP), or a
+        window the host opened on the default context (explicit_windows.py)."""
         if self._host_inside:
             return True
         if self.accumulation_steps:
             return False
-        return any(not s.ddp.require_backward_grad_sync for s in following_syncs())
+        return (any(not s.ddp.require_backward_grad_sync for s in following_syncs())
+                or explicit_window_open())
 
     def _hook(self, bucket):
         import torch.distributed as dist
