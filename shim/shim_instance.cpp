@@ -53,7 +53,7 @@ ShimPolicy& policy(bool foreignGloo = false) {
   if (ShimPolicy* p = gPolicy.load(std::memory_order_relaxed)) return *p;
   ShimConfig config = shimConfigFromEnvironment();
   config.foreignGloo = foreignGloo;
-  config.pythonFollows = pythonFollows();
+  config.pythonHost = pythonFollows();
   sf_window_state_v1 s{};
   s.struct_size = sizeof s;
   const WindowStateFn f = windowStateFn();
@@ -145,6 +145,13 @@ void log(int level, const std::string& message) {
 }
 
 }  // namespace sfshim
+
+extern "C" void sf_shim_follow_in_process(void) {
+  try {
+    sfshim::policy().followInProcess();
+  } catch (...) {
+  }
+}
 
 extern "C" sf_status sf_shim_report_json(char* buffer, int64_t capacity, int64_t* length) {
   std::string json = "{}";

@@ -45,6 +45,12 @@ void log(int level, const std::string& message);
 
 }  // namespace sfshim
 
+// Called by the in-process layer (python/sfsync/torch/follow.py) when it
+// follows the first DDP of a Python host: the shim passes every call from
+// then on (ShimPolicy::followInProcess). Until then, and in a Python host
+// without DDP, the shim's own windows apply. Exported by libsfsync_shim.so.
+extern "C" __attribute__((visibility("default"))) void sf_shim_follow_in_process(void);
+
 // The report as JSON (what SF_SHIM_REPORT receives), NUL-terminated, for
 // tests and tools; exported by libsfsync_shim.so (never by libsfsync.so).
 // Writes at most `capacity` bytes; `length` (optional) receives the full

@@ -127,8 +127,7 @@ ShimPolicy::ShimPolicy(ShimConfig config, WindowSource windows, Sink sink)
       std::fputs(("sfsync shim: " + line + "\n").c_str(), stderr);
     };
   }
-  mode_ = config_.pythonFollows ? Mode::kPython
-          : config_.stepsInvalid || config_.foreignGloo ? Mode::kOff
+  mode_ = config_.stepsInvalid || config_.foreignGloo ? Mode::kOff
           : config_.accumulationSteps > 0 ? Mode::kAutomatic
                                           : Mode::kExplicit;
   for (const auto& p : config_.problems) say(p);
@@ -148,6 +147,15 @@ ShimPolicy::ShimPolicy(ShimConfig config, WindowSource windows, Sink sink)
 }
 
 void ShimPolicy::say(const std::string& message, int level) { sink_(level, message); }
+
+void ShimPolicy::followInProcess() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (mode_ == Mode::kPython) return;
+  mode_ = Mode::kPython;
+  say("the in-process layer follows this Python host's windows (its DistributedDataParallel "
+      "models): every all-reduce passes through the shim from now on",
+      SF_LOG_INFO);
+}
 
 void ShimPolicy::sayOnce(bool& said, const std::string& message) {
   if (said) return;

@@ -56,9 +56,9 @@ struct ShimConfig {
   // shim was built against (shim/gloo_host.h): nothing can be deferred, so
   // the mode is off and automatic windows are not announced.
   bool foreignGloo = false;
-  // A Python host whose windows the in-process layer follows (shim/python_host.h):
-  // every call passes, counted; foreign Gloo is then expected, said at INFO.
-  bool pythonFollows = false;
+  // A Python host whose DDPs the in-process layer may follow (shim/python_host.h);
+  // once it does (followInProcess), every call passes, counted.
+  bool pythonHost = false;
 };
 
 // Reads SF_SHIM_MIN_BYTES, SF_ACCUMULATION_STEPS, SF_SHIM_REPORT (not
@@ -111,6 +111,10 @@ class ShimPolicy {
   // the host's Gloo and the alternative. Passed (counted, no bytes), or with
   // SF_STRICT=1 failed (every such call, and finish() returns false).
   sf_shim_decision decideForeignGloo(const std::string& why);
+  // The in-process layer follows this Python host's windows (its first DDP is
+  // attached): from now on every call passes, counted (mode "python"), and a
+  // foreign Gloo is expected. Said once at INFO.
+  void followInProcess();
   // Why the latest SF_SHIM_FAIL failed (for the host's error).
   std::string failure() const;
 

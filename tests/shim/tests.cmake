@@ -138,9 +138,11 @@ else()
     ENV "${preload};SF_DEBUG=INFO;SF_DEBUG_FILE=${reports}/forgot-log/%p.log"
     PASS "for host begin window 3<.*\nOK\n")
   # PyTorch's own reduce functions, every dtype x op: only float sums deferred.
-  add_test(NAME shim_gloo_ops_classified COMMAND ${SF_PYTHON} ${SF_SHIM_TESTS}/gloo_ops.py)
+  # (A Python host without DistributedDataParallel: the in-process layer follows
+# nothing, so the shim's own windows apply, as before 0.5, with no opt-out.)
+add_test(NAME shim_gloo_ops_classified COMMAND ${SF_PYTHON} ${SF_SHIM_TESTS}/gloo_ops.py)
   set_tests_properties(shim_gloo_ops_classified PROPERTIES LABELS "shim;torch" TIMEOUT 120
-    ENVIRONMENT "${preload};SF_FOLLOW_HOST=0;SF_SHIM_REPORT=${reports}/gloo-ops-%r.json")
+    ENVIRONMENT "${preload};SF_SHIM_REPORT=${reports}/gloo-ops-%r.json")
   # SF_STRICT=1: each misuse fails the interposed call where it is seen; the
   # host's backward raises. A window grown too long (window 2's last pass) ...
   sf_shim_ddp_test(shim_ddp_strict

@@ -11,7 +11,6 @@ with ``dlvsym``. Not responsible for: what a window means to a pass
 """
 
 import ctypes
-import ctypes.util
 
 import sfsync
 
@@ -35,7 +34,7 @@ def _lookup():
     try:
         lib = sfsync.loader.lib()
         handle = lib._handle  # ctypes.CDLL's dlopen handle
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc = ctypes.CDLL(None)  # (not ctypes.util.find_library: it runs ldconfig)
         libc.dlvsym.restype = ctypes.c_void_p
         libc.dlvsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
         address = libc.dlvsym(handle, b"sf_internal_window_state_v1", _NODE)

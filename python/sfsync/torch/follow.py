@@ -16,6 +16,7 @@ first guess (``SF_ACCUMULATION_STEPS``), and a line per DDP at exit
 """
 
 import atexit
+import ctypes
 import os
 import weakref
 
@@ -86,11 +87,24 @@ def follow(ddp):
     _chain_host_hooks(ddp, sync)
     if not _syncs:
         atexit.register(_at_exit)
+        _tell_the_shim()
     _syncs.append(weakref.ref(sync))
     log(sfsync.LOG_INFO, "SF_FOLLOW_HOST: DDP %d (%d parameters) follows the host's windows"
         "%s" % (len(_syncs), sum(1 for _ in ddp.module.parameters()),
                 ", first guess %d passes" % sync.guess if sync.guess else ""))
     return sync
+
+
+def _tell_the_shim():
+    """A preloaded shim passes every all-reduce from now on (its windows are
+    ours); a Python host with no DDP keeps the shim's own windows."""
+    try:
+        fn = ctypes.CDLL(None).sf_shim_follow_in_process
+    except AttributeError:  # no shim preloaded
+        return
+    fn.restype = None
+    fn.argtypes = []
+    fn()
 
 
 def _chain_host_hooks(ddp, sync):

@@ -102,7 +102,8 @@ GLIBC_LIBRARIES = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "l
 EXPORTS = {
     "libsfsync.so.1": None,  # tests/exported_symbols*.txt
     "libsfsync_shim.so": {"_ZN4gloo9allreduceERKNS_16AllreduceOptionsE", "ncclAllReduce",
-                          "ncclGroupStart", "ncclGroupEnd", "sf_shim_report_json"},
+                          "ncclGroupStart", "ncclGroupEnd", "sf_shim_report_json",
+                          "sf_shim_follow_in_process"},
     "libsfsync_nccl.so": {"sf_nccl_module_api", "sf_nccl_module_init_error"},
 }
 # Not in the wheel and not needed by it: the NCCL module dlopens these at its
