@@ -14,8 +14,6 @@
 namespace sfshim {
 namespace {
 
-bool gFollows = false;
-
 bool isDirectory(const std::string& path) {
   struct stat st{};
   return !path.empty() && stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -41,8 +39,6 @@ std::string bootFolder() {
 
 }  // namespace
 
-bool pythonFollows() { return gFollows; }
-
 void handPythonHost() {
   if (!dlsym(RTLD_DEFAULT, "Py_Main")) return;  // not a Python interpreter
   const char* follow = sfsync::envRawValue("SF_FOLLOW_HOST");
@@ -66,10 +62,9 @@ void handPythonHost() {
       }
     }
   }
-  gFollows = true;
-  log(SF_LOG_INFO, "a Python host: its windows are followed in-process (" + boot +
-                       ": every DistributedDataParallel follows no_sync() and the optimizer "
-                       "step); the shim passes its all-reduces through");
+  log(SF_LOG_INFO, "a Python host: every DistributedDataParallel it makes follows no_sync() "
+                   "and the optimizer step in-process (" + boot +
+                       "); the shim passes the all-reduces of a host so followed through");
 }
 
 }  // namespace sfshim

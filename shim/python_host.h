@@ -1,9 +1,9 @@
 #pragma once
-// A Python host under the shim: its windows are followed in-process, where
-// the host's no_sync() and its optimizer step can be seen (sfsync.torch's
-// no-code path, python/sfsync/follow_boot.py), and the shim's own
-// interposers pass every call through. Decided once, when the shim is
-// loaded, before the interpreter reads its environment.
+// A Python host under the shim: its DDPs' windows are followed in-process,
+// where the host's no_sync() and its optimizer step can be seen (sfsync.torch's
+// no-code path, python/sfsync/follow_boot.py), which then tells the shim to
+// pass every call (sf_shim_follow_in_process, shim_instance.h). Set up once,
+// when the shim is loaded, before the interpreter reads its environment.
 
 namespace sfshim {
 
@@ -15,8 +15,5 @@ namespace sfshim {
 // context). Said at INFO; a Python host whose boot folder is missing is
 // said at WARN and keeps the shim's own windows.
 void handPythonHost();
-
-// True after handPythonHost() handed the windows to the Python side.
-bool pythonFollows();
 
 }  // namespace sfshim

@@ -12,7 +12,7 @@
 #include "plugin/core/dtype.h"
 #include "shim/forward.h"
 #include "shim/policy/shim_policy.h"
-#include "shim/python_host.h"
+#include "shim/python_host.h"  // handPythonHost, at load
 
 namespace sfshim {
 namespace {
@@ -53,7 +53,6 @@ ShimPolicy& policy(bool foreignGloo = false) {
   if (ShimPolicy* p = gPolicy.load(std::memory_order_relaxed)) return *p;
   ShimConfig config = shimConfigFromEnvironment();
   config.foreignGloo = foreignGloo;
-  config.pythonHost = pythonFollows();
   sf_window_state_v1 s{};
   s.struct_size = sizeof s;
   const WindowStateFn f = windowStateFn();

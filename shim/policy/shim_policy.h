@@ -56,9 +56,6 @@ struct ShimConfig {
   // shim was built against (shim/gloo_host.h): nothing can be deferred, so
   // the mode is off and automatic windows are not announced.
   bool foreignGloo = false;
-  // A Python host whose DDPs the in-process layer may follow (shim/python_host.h);
-  // once it does (followInProcess), every call passes, counted.
-  bool pythonHost = false;
 };
 
 // Reads SF_SHIM_MIN_BYTES, SF_ACCUMULATION_STEPS, SF_SHIM_REPORT (not
