@@ -435,12 +435,59 @@ typedef struct sf_stats {
                                   in collectives_issued) */
   int64_t bytes_gathered;      /* bytes those all-gathers carried (the
                                   buckets' sizes, padding excluded) */
+  /* Since 0.5: what went on the wire. Every collective this rank handed its
+   * transport, counted where it is handed over (whatever asked for it: a
+   * bucket, a gather, the layout or window check, sf_broadcast,
+   * sf_allreduce_float64), by kind and by purpose. All 0 at world size 1
+   * (nothing travels). The teardown barrier is not counted.
+   *
+   * Payload bytes of one collective: the elements of its buffer that the
+   * transport moves, in the dtype they travel in (a float32 all-reduce on a
+   * 16-bit wire_dtype with Gloo: 2 bytes each), reserved tails included,
+   * the padding a sharded layout leaves off the wire excluded (Gloo leaves
+   * it off; NCCL moves whole segments). An all-reduce: its buffer; a
+   * reduce-scatter or all-gather: all world_size segments of its buffer; a
+   * broadcast: its bytes; a control collective: its values (8 bytes each).
+   * What the transport's algorithm sends per peer (a ring sends about
+   * 2 (W-1)/W of an all-reduce's buffer) and its message headers are not
+   * in these counts. */
+  int64_t wire_allreduces;     /* bucket all-reduces */
+  int64_t wire_reduce_scatters;/* bucket reduce-scatters */
+  int64_t wire_all_gathers;    /* all-gathers, gradient and parameter ones */
+  int64_t wire_broadcasts;     /* sf_broadcast's data broadcasts */
+  int64_t wire_controls;       /* small control collectives: the connect's
+                                  claim check, the layout check, the
+                                  argument agreement of sf_broadcast and
+                                  sf_allreduce_float64, the sum of
+                                  sf_allreduce_float64 itself, the replica
+                                  check, the window check's exact compare */
+  int64_t wire_bytes;          /* payload bytes of all of them; the sum of
+                                  the six purposes below */
+  int64_t wire_gradient_bytes; /* gradient elements of bucket reductions and
+                                  of gradient gathers (sf_gather_gradients;
+                                  with NCCL these also move the window
+                                  check's reserved tails, counted here) */
+  int64_t wire_parameter_bytes;/* parameter gathers */
+  int64_t wire_mask_bytes;     /* the used-parameter mask where it rides in
+                                  a bucket: a gradient registered under the
+                                  name "sfsync.used" (the Python binding's,
+                                  find_unused_parameters) */
+  int64_t wire_check_bytes;    /* the window check's reserved elements (and
+                                  a reserved tail's alignment padding), and
+                                  every control collective but the sum of
+                                  sf_allreduce_float64 */
+  int64_t wire_weight_bytes;   /* weighted windows: the weight's limbs and
+                                  the window sums in the reserved tails */
+  int64_t wire_host_bytes;     /* what the host asked to move: sf_broadcast's
+                                  bytes and sf_allreduce_float64's values (the
+                                  Python binding's sharded used mask, clip
+                                  norms, the initial weights' broadcast) */
 } sf_stats;
 
 /** Copy the counters. out->struct_size must be set to at least the version-1
  *  size (112 bytes); exactly min(out->struct_size, this library's
  *  sizeof(sf_stats)) bytes are written and out->struct_size is left as the
- *  caller set it. */
+ *  caller set it (0.3's size: 136 bytes; 0.5's, with the wire counts: 232). */
 SF_API sf_status sf_get_stats(const sf_context* ctx, sf_stats* out);
 
 /**

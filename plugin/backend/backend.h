@@ -47,6 +47,15 @@ struct ReduceSpec {
   // one piece and scales no piece before the weight is decoded.
   LimbCodec weight;
   int64_t weightAt = 0;
+  // For the wire counts (sf_stats.wire_*, counting_backend.h) only; no
+  // backend reads them. weightElems: the limbs' elements in each segment's
+  // tail (the weight's, and in bucket 0 the window sums'); maskElems: of
+  // the data elements, those of the used-parameter mask (a gradient named
+  // "sfsync.used"); payload: what a gather carries.
+  int64_t weightElems = 0;
+  int64_t maskElems = 0;
+  enum class Payload { kGradients, kParameters };
+  Payload payload = Payload::kGradients;
 };
 
 // The factor a weighted bucket's data is multiplied by: 1 / the global
@@ -163,6 +172,13 @@ class Backend : public MemoryOps {
     (void)comm;
     fail(SF_ERR_UNSUPPORTED, std::string("the ") + name() + " backend has no communicator to adopt");
   }
+  // How the bytes travel, for the wire counts (sf_stats.wire_*): the dtype a
+  // bucket all-reduce of `dtype` puts on the wire (Gloo: wire_dtype for
+  // float32), and whether a reduce-scatter or all-gather moves the padding
+  // that ReduceSpec::segmentUsed marks (Gloo leaves it off; NCCL moves whole
+  // segments).
+  virtual sf_dtype allreduceWireDtype(sf_dtype dtype) const { return dtype; }
+  virtual bool movesPadding() const { return true; }
   // SF_ERR_INVALID_ARGUMENT unless [p, p + bytes) is memory this backend
   // reduces in place (a device backend: this rank's GPU). Host memory: anything.
   virtual void checkDeviceMemory(const void* p, size_t bytes) { (void)p, (void)bytes; }

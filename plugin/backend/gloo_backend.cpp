@@ -304,8 +304,7 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
                                                   ReduceSpec spec) {
   connect();
   throwIfFailed();
-  const sf_dtype wire =
-      dtype == SF_DTYPE_FLOAT32 && opts_.wire_dtype != SF_DTYPE_FLOAT32 ? opts_.wire_dtype : dtype;
+  const sf_dtype wire = allreduceWireDtype(dtype);
   // Pieces sized in the bucket's own dtype, on consecutive lanes.
   const int64_t elemBytes = int64_t(dtypeSize(dtype));
   // Weighted: the limbs in one piece (the last), whose lane publishes the

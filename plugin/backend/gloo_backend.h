@@ -81,6 +81,11 @@ class GlooBackend : public Backend {
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
   void barrierQuietly() noexcept override;
   void broadcast(void* data, size_t bytes, int root) override;
+  sf_dtype allreduceWireDtype(sf_dtype dtype) const override {
+    return dtype == SF_DTYPE_FLOAT32 && opts_.wire_dtype != SF_DTYPE_FLOAT32 ? opts_.wire_dtype
+                                                                             : dtype;
+  }
+  bool movesPadding() const override { return false; }  // slicePiece: used elements and tails
 
  private:
   void connectHere();  // on the worker thread

@@ -65,7 +65,8 @@ Backend& Context::backendFor(sf_device device) {
   auto made = makeBackend_(device, opts_, rendezvous_);  // SF_ERR_UNSUPPORTED: no CUDA/NCCL/GPU
   if (!made) fail(SF_ERR_INTERNAL, "the BackendMaker made no backend for device " + std::to_string(device));
   made->setHostStream(cudaStream_);
-  slot = std::move(made);
+  // Every collective is counted where it is handed over (sf_stats.wire_*).
+  slot = std::make_unique<CountingBackend>(std::move(made), wire_, opts_.world_size);
   return *slot;
 }
 
@@ -428,6 +429,19 @@ sf_stats Context::stats() const {
   s.reduce_scatters = c.reduceScatters;
   s.all_gathers = c.allGathers;
   s.bytes_gathered = c.bytesGathered;
+  const WireCounts w = wire_.counts();
+  s.wire_allreduces = w.allreduces;
+  s.wire_reduce_scatters = w.reduceScatters;
+  s.wire_all_gathers = w.allGathers;
+  s.wire_broadcasts = w.broadcasts;
+  s.wire_controls = w.controls;
+  s.wire_bytes = w.bytes;
+  s.wire_gradient_bytes = w.gradientBytes;
+  s.wire_parameter_bytes = w.parameterBytes;
+  s.wire_mask_bytes = w.maskBytes;
+  s.wire_check_bytes = w.checkBytes;
+  s.wire_weight_bytes = w.weightBytes;
+  s.wire_host_bytes = w.hostBytes;
   if (reducer_.built()) {
     const auto& plan = reducer_.plan();
     s.bucket_count = int64_t(plan.size());

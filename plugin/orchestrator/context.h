@@ -29,6 +29,7 @@
 #include <string>
 
 #include "plugin/backend/backend.h"
+#include "plugin/backend/counting_backend.h"
 #include "plugin/core/tracer.h"
 #include "plugin/orchestrator/window_clock.h"
 #include "plugin/reducer/reducer.h"
@@ -166,6 +167,7 @@ class Context {
   double passStartUs_ = 0;     // trace: the current pass's first grad-ready
   std::mutex backendsMutex_;
   BackendMaker makeBackend_;
+  WireCount wire_;  // every backend's collectives (CountingBackend); before backends_
   std::map<sf_device, std::unique_ptr<Backend>> backends_;
   void* cudaStream_ = nullptr;  // the host's cudaStream_t
   Reducer reducer_;  // after backends_: destroyed first, while backends live

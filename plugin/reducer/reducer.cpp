@@ -134,6 +134,7 @@ void Reducer::start(size_t i, bool early, const PassRef& pass) {
   }
   // The scales apply to the data, not to the reserved tail after it.
   if (b.layout.reservedElems > 0) spec.scaledElems = b.layout.shardElems;
+  spec.maskElems = maskElems_[i];  // for the wire counts
   if (totals_.weighted()) {
     // Weighted: the window's weight and sums freeze as bucket 0 starts.
     totals_.describe(i, spec);

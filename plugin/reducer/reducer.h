@@ -56,6 +56,11 @@ namespace sfsync {
 // fits in int64_t and size_t with room to spare.
 constexpr int64_t kMaxTotalBytes = int64_t(1) << 62;
 
+// The name under which a host registers its used-parameter mask as a
+// gradient (the Python binding's find_unused_parameters): its bytes count
+// as sf_stats.wire_mask_bytes, not as gradients. Nothing else differs.
+constexpr const char* kMaskName = "sfsync.used";
+
 struct ReducerCounters {
   int64_t collectives = 0;
   int64_t earlyLaunches = 0;
@@ -215,6 +220,9 @@ class Reducer {
   std::vector<BucketCycle> cycles_;  // bucket i's state and its Work in flight: cycles_[i]
   WindowCheck check_;
   WindowTotals totals_;    // weighted windows: the weight and the window sums
+  // Per bucket: elements of the used-parameter mask (kMaskName), for the
+  // wire counts (ReduceSpec::maskElems).
+  std::vector<int64_t> maskElems_;
   std::atomic<bool> built_{false};
   bool verified_ = false;  // the layout check passed
 

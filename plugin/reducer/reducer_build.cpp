@@ -108,8 +108,12 @@ void Reducer::buildLocked() {
   for (size_t i = 0; i < reserve.size(); ++i) reserve[i] += limbs[i];
   memory_.build(grads_, plan_, reserve, opts_.world_size, opts_.shard_layout);
   cycles_.clear();
+  maskElems_.assign(plan_.size(), 0);
   for (size_t i = 0; i < plan_.size(); ++i) {
     cycles_.emplace_back(int64_t(i), int64_t(plan_[i].grads.size()));
+    for (int64_t id : plan_[i].grads) {
+      if (grads_[size_t(id)].name == kMaskName) maskElems_[i] += grads_[size_t(id)].numel;
+    }
   }
   built_.store(true, std::memory_order_release);
   logPlan();

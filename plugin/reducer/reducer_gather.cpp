@@ -34,6 +34,7 @@ void Reducer::startGatherLocked(size_t i) {
     spec.bucket = int64_t(i);
     spec.trace = trace_;
     spec.segmentUsed = b.layout.used;
+    spec.payload = ReduceSpec::Payload::kParameters;
     work = backendFor_(b.plan->device).startAllgather(b.params, b.layout.shardElems, dtype, spec);
   } catch (const Error& e) {
     failWith(e.status(), e.what());
@@ -204,6 +205,7 @@ void Reducer::gatherGradients(const PassRef& pass) {
       spec.bucket = int64_t(i);
       spec.trace = trace_;
       spec.segmentUsed = b.layout.used;
+      spec.maskElems = maskElems_[i];  // for the wire counts
       Backend& backend = backendFor_(b.plan->device);
       cycles_[i].startGradientGather(
           backend.startAllgather(b.storage, b.layout.segmentElems, b.plan->dtype, spec));

@@ -70,6 +70,7 @@ void WindowTotals::describe(size_t i, ReduceSpec& spec) const {
   spec.postscale = 1.0;
   spec.weight = codecs_[i];
   spec.weightAt = at_[i];
+  spec.weightElems = limbElems(i);
 }
 
 void WindowTotals::encode(size_t i, const BucketBuffers& b, MemoryOps& memory) const {

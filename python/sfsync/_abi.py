@@ -127,6 +127,19 @@ class Stats(ctypes.Structure):
         ("reduce_scatters", ctypes.c_int64),  # since 0.3
         ("all_gathers", ctypes.c_int64),      # since 0.3
         ("bytes_gathered", ctypes.c_int64),   # since 0.3
+        # Since 0.5: what went on the wire, by kind and by purpose (sfsync.h).
+        ("wire_allreduces", ctypes.c_int64),
+        ("wire_reduce_scatters", ctypes.c_int64),
+        ("wire_all_gathers", ctypes.c_int64),
+        ("wire_broadcasts", ctypes.c_int64),
+        ("wire_controls", ctypes.c_int64),
+        ("wire_bytes", ctypes.c_int64),
+        ("wire_gradient_bytes", ctypes.c_int64),
+        ("wire_parameter_bytes", ctypes.c_int64),
+        ("wire_mask_bytes", ctypes.c_int64),
+        ("wire_check_bytes", ctypes.c_int64),
+        ("wire_weight_bytes", ctypes.c_int64),
+        ("wire_host_bytes", ctypes.c_int64),
     ]
 
     def to_dict(self):

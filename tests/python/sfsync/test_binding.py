@@ -710,7 +710,13 @@ class StatsAndBuffers(unittest.TestCase):
                                       "early_launches", "bytes_reduced", "bucket_count",
                                       "largest_bucket_bytes", "smallest_bucket_bytes",
                                       "gradient_count", "gradient_bytes", "sync_ns_total",
-                                      "reduce_scatters", "all_gathers", "bytes_gathered"})
+                                      "reduce_scatters", "all_gathers", "bytes_gathered",
+                                      "wire_allreduces", "wire_reduce_scatters",
+                                      "wire_all_gathers", "wire_broadcasts", "wire_controls",
+                                      "wire_bytes", "wire_gradient_bytes",
+                                      "wire_parameter_bytes", "wire_mask_bytes",
+                                      "wire_check_bytes", "wire_weight_bytes",
+                                      "wire_host_bytes"})
             self.assertTrue(all(isinstance(v, int) for v in s.values()))
             self.assertEqual(s["bucket_count"], 0)  # not built yet
             self.assertEqual((s["gradient_count"], s["gradient_bytes"]), (3, 12000))
@@ -733,6 +739,9 @@ class StatsAndBuffers(unittest.TestCase):
             self.assertEqual(s["bytes_reduced"], 12000)
             self.assertEqual(s["largest_bucket_bytes"], 12000)
             self.assertGreater(s["sync_ns_total"], 0)
+            # World size 1: the local reduction is a collective, but nothing travels.
+            self.assertEqual({k: v for k, v in s.items() if k.startswith("wire_")},
+                             {k: 0 for k in sfsync.STATS_KEYS if k.startswith("wire_")})
 
     def test_buckets_reverse_order_and_caps(self):
         # 3 x 4000 B, registered 0, 1, 2: gradient 2 (ready first in a

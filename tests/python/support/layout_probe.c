@@ -46,6 +46,18 @@ int main(void) {
   FIELD(sf_stats, reduce_scatters);
   FIELD(sf_stats, all_gathers);
   FIELD(sf_stats, bytes_gathered);
+  FIELD(sf_stats, wire_allreduces);
+  FIELD(sf_stats, wire_reduce_scatters);
+  FIELD(sf_stats, wire_all_gathers);
+  FIELD(sf_stats, wire_broadcasts);
+  FIELD(sf_stats, wire_controls);
+  FIELD(sf_stats, wire_bytes);
+  FIELD(sf_stats, wire_gradient_bytes);
+  FIELD(sf_stats, wire_parameter_bytes);
+  FIELD(sf_stats, wire_mask_bytes);
+  FIELD(sf_stats, wire_check_bytes);
+  FIELD(sf_stats, wire_weight_bytes);
+  FIELD(sf_stats, wire_host_bytes);
   first = 1;
   printf("}}, \"sf_store\": {\"size\": %zu, \"fields\": {", sizeof(sf_store));
   FIELD(sf_store, struct_size);

@@ -223,10 +223,37 @@ def run_sync(rank, world, c, case, layout, clip, unused):
                    "%s: window %d: %d collectives for %d buckets" % (
                        case, w, end["collectives_issued"] - before["collectives_issued"],
                        buckets))
+        check_wire(c, case, w, before, end, buckets, layout, unused, model)
     c.that(not unused or unused_none, "%s: the unused parameter's .grad is not None after the "
            "step" % case)
     opt.wait_parameters()
     return model, opt, norms, sync
+
+
+def check_wire(c, case, w, before, end, buckets, layout, unused, model):
+    """The wire counts (stats()["wire_*"], since 0.5) of the window's last
+    pass and step: every bucket's collective by its kind; the used mask
+    (find_unused_parameters) in them: sharded, one sf_allreduce_float64 of
+    a float64 per parameter (the count agreed first: 2 control
+    collectives, clipping's sum besides); unsharded, riding in a bucket as
+    a float32 per parameter."""
+    d = {k: end[k] - before[k] for k in end if k.startswith("wire_")}
+    params = len(list(model.parameters()))
+    c.that(d["wire_bytes"] == sum(d[k] for k in ("wire_gradient_bytes", "wire_parameter_bytes",
+                                                 "wire_mask_bytes", "wire_check_bytes",
+                                                 "wire_weight_bytes", "wire_host_bytes")),
+           "%s: window %d: the wire bytes by purpose do not add up: %s" % (case, w, d))
+    if layout is not None:
+        ok = (d["wire_reduce_scatters"] == buckets and d["wire_all_gathers"] >= buckets and
+              d["wire_allreduces"] == 0 and d["wire_parameter_bytes"] > 0)
+        if unused:
+            ok = ok and d["wire_controls"] >= 2 and d["wire_host_bytes"] >= 8 * params
+    else:
+        ok = d["wire_allreduces"] == buckets and d["wire_reduce_scatters"] == 0
+        if unused:
+            ok = ok and d["wire_mask_bytes"] == 4 * params
+    c.that(ok, "%s: window %d: wire counts %s for %d buckets, %d parameters" % (
+        case, w, d, buckets, params))
 
 
 def case_parity(rank, world, c, layout, clip=0.05, unused=True, refs=None):

@@ -1,0 +1,243 @@
+// The wire counts (sf_stats.wire_*) against the transport itself: 2 ranks
+// as threads over Gloo's TCP pairs (memory:// store, so the only TCP
+// sockets of this process are the ranks' pairs), one window per mode, the
+// bytes every socket of the process received (TCP_INFO's
+// tcpi_bytes_received: Gloo's payload and its message headers) against the
+// payload both ranks counted. The counts are the buffers handed over; a
+// ring moves (W-1)/W of a reduce-scatter's or all-gather's buffer per rank
+// and 2(W-1)/W of an all-reduce's, so at W = 2 the transport carries the
+// all-reduces' counted bytes and half the scatters' and gathers'. What is
+// left is Gloo's framing, allowed kFramingPerCollective bytes per counted
+// collective.
+
+#include <boost/test/unit_test.hpp>
+
+#include <dirent.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tests/support/thread_ranks.h"
+
+using namespace sftest;
+
+namespace {
+
+// Gloo's header per message, a few per collective per rank (ring steps):
+// generous, and small against the buckets below (3 x 256 KiB).
+constexpr int64_t kFramingPerCollective = 1024;
+
+int64_t tcpBytesReceived() {
+  int64_t total = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (dirent* e = readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d)) continue;
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
+    if (len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received) continue;
+    total += int64_t(info.tcpi_bytes_received);
+  }
+  closedir(d);
+  return total;
+}
+
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    const int64_t gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return gen_ != gen; });
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_, count_ = 0;
+  int64_t gen_ = 0;
+};
+
+struct Mode {
+  const char* name;
+  sf_shard_layout layout = SF_SHARD_NONE;
+  bool owned = false;       // host-owned gradient buffers (per parameter), else the flat buffer
+  bool weighted = false;
+  bool bf16 = false;        // wire_dtype
+  int64_t mask = 0;         // a used mask of this many float32 in a bucket ("sfsync.used")
+  bool hostMask = false;    // sharded: the mask summed by sf_allreduce_float64, gradients gathered
+};
+
+struct Seen {
+  std::string error;
+  sf_stats delta{};
+};
+
+#define WIRE_TRY(call)                                            \
+  do {                                                            \
+    if ((call) != SF_OK) {                                        \
+      seen.error = std::string(#call) + ": " + sf_last_error();   \
+      barrierOnError = true;                                      \
+    }                                                             \
+  } while (0)
+
+struct Run {
+  std::vector<Seen> ranks;
+  int64_t transport = 0;
+};
+
+Run runMode(const Mode& m) {
+  const std::string rdv = "memory://" + uniqueName(std::string("wire-") + m.name);
+  Barrier barrier(2);
+  int64_t before = 0, after = 0;
+  const std::vector<int64_t> sizes = {65536, 65536, 65536};  // 256 KiB each: a bucket each
+  Run run;
+  run.ranks = runThreadRanks<Seen>(2, [&](int rank) {
+    Seen seen;
+    bool barrierOnError = false;
+    sf_options o = rankOptions(rank, 2, rdv, 30000);
+    o.bucket_cap_mb = 0.25;
+    o.first_bucket_cap_mb = 0.25;
+    o.shard_layout = m.layout;
+    if (m.weighted) o.reduce_op = SF_REDUCE_WEIGHTED;
+    if (m.bf16) o.wire_dtype = SF_DTYPE_BFLOAT16;
+    ContextHandle h;
+    WIRE_TRY(sf_create(&o, &h.ctx));
+    std::vector<std::vector<float>> grads(sizes.size()), params(sizes.size());
+    std::vector<int64_t> ids;
+    if (m.mask > 0) {
+      int64_t id = -1;
+      WIRE_TRY(sf_add_gradient(h.ctx, m.mask, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, "sfsync.used", &id));
+      ids.push_back(id);
+    }
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      int64_t id = -1;
+      grads[k].assign(size_t(sizes[k]), 0.5f);
+      if (m.owned) {
+        WIRE_TRY(sf_register_gradient(h.ctx, grads[k].data(), sizes[k], SF_DTYPE_FLOAT32,
+                                      SF_DEVICE_HOST, nullptr, &id));
+      } else {
+        WIRE_TRY(sf_add_gradient(h.ctx, sizes[k], SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id));
+      }
+      if (m.layout != SF_SHARD_NONE) {
+        params[k].assign(size_t(sizes[k]), 1.0f);
+        WIRE_TRY(sf_register_parameter(h.ctx, id, params[k].data(), sizes[k], SF_DTYPE_FLOAT32,
+                                       SF_DEVICE_HOST));
+      }
+      ids.push_back(id);
+    }
+    std::vector<double> hostMask(sizes.size(), 1.0);
+    auto window = [&] {
+      WIRE_TRY(sf_begin_accumulation(h.ctx));
+      if (m.weighted) WIRE_TRY(sf_add_window_weight(h.ctx, 2.0 + rank));
+      for (auto it = ids.rbegin(); it != ids.rend(); ++it) WIRE_TRY(sf_grad_ready(h.ctx, *it));
+      WIRE_TRY(sf_end_accumulation(h.ctx));
+      for (auto it = ids.rbegin(); it != ids.rend(); ++it) WIRE_TRY(sf_grad_ready(h.ctx, *it));
+      WIRE_TRY(sf_synchronize(h.ctx));
+      if (m.hostMask) {
+        WIRE_TRY(sf_gather_gradients(h.ctx));
+        WIRE_TRY(sf_allreduce_float64(h.ctx, hostMask.data(), int64_t(hostMask.size())));
+      }
+      if (m.layout != SF_SHARD_NONE) WIRE_TRY(sf_gather_parameters(h.ctx));
+    };
+    if (!barrierOnError) window();  // connect, claims, the layout check
+    barrier.wait();
+    if (rank == 0) before = tcpBytesReceived();
+    barrier.wait();
+    const sf_stats a = statsOf(h.ctx);
+    if (!barrierOnError) window();
+    sf_stats b = statsOf(h.ctx);
+    barrier.wait();
+    if (rank == 0) after = tcpBytesReceived();
+    barrier.wait();
+    const int64_t* pa = &a.wire_allreduces;
+    int64_t* pb = &b.wire_allreduces;
+    for (int k = 0; k < 12; ++k) pb[k] -= pa[k];
+    seen.delta = b;
+    return seen;
+  });
+  run.transport = after - before;
+  return run;
+}
+
+void check(const Mode& m) {
+  const Run run = runMode(m);
+  int64_t expected = 0, collectives = 0, counted = 0;
+  for (const Seen& s : run.ranks) {
+    BOOST_REQUIRE_MESSAGE(s.error.empty(), s.error);
+    const sf_stats& d = s.delta;
+    BOOST_TEST(d.wire_bytes == d.wire_gradient_bytes + d.wire_parameter_bytes + d.wire_mask_bytes +
+                                   d.wire_check_bytes + d.wire_weight_bytes + d.wire_host_bytes);
+    // Control collectives: the count's agreement (16 bytes) and the sum.
+    const int64_t control = d.wire_controls > 0 ? d.wire_host_bytes + 16 : 0;
+    const int64_t rings = d.wire_bytes - control;  // all-reduces, or scatters and gathers
+    expected += (d.wire_allreduces > 0 ? rings : rings / 2) + control;
+    collectives += d.wire_allreduces + d.wire_reduce_scatters + d.wire_all_gathers +
+                   d.wire_broadcasts + d.wire_controls;
+    counted += d.wire_bytes;
+  }
+  BOOST_TEST_MESSAGE(m.name << ": counted " << counted << " bytes (both ranks), expected on the "
+                            "wire " << expected << ", TCP received " << run.transport << " in "
+                            << collectives << " collectives");
+  BOOST_TEST(run.transport >= expected);
+  BOOST_TEST(run.transport - expected <= kFramingPerCollective * collectives);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(wire_transport_tests)
+
+BOOST_AUTO_TEST_CASE(flat_buffer_2_gloo_threads) { check({"flat"}); }
+
+BOOST_AUTO_TEST_CASE(per_parameter_buffers_2_gloo_threads) {
+  Mode m{"owned"};
+  m.owned = true;
+  check(m);
+}
+
+BOOST_AUTO_TEST_CASE(bf16_wire_2_gloo_threads) {
+  Mode m{"bf16"};
+  m.bf16 = true;
+  check(m);
+}
+
+BOOST_AUTO_TEST_CASE(used_mask_in_a_bucket_2_gloo_threads) {
+  Mode m{"mask"};
+  m.mask = 3;
+  check(m);
+}
+
+BOOST_AUTO_TEST_CASE(weighted_2_gloo_threads) {
+  Mode m{"weighted"};
+  m.weighted = true;
+  check(m);
+}
+
+BOOST_AUTO_TEST_CASE(sharded_flat_with_the_mask_sum_2_gloo_threads) {
+  Mode m{"sharded-flat"};
+  m.layout = SF_SHARD_FLAT;
+  m.hostMask = true;
+  check(m);
+}
+
+BOOST_AUTO_TEST_CASE(sharded_parameter_2_gloo_threads) {
+  Mode m{"sharded-parameter"};
+  m.layout = SF_SHARD_PARAMETER;
+  check(m);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
