@@ -86,12 +86,25 @@ struct SfStats
     reduce_scatters::Int64  # since 0.3
     all_gathers::Int64      # since 0.3
     bytes_gathered::Int64   # since 0.3
+    wire_allreduces::Int64  # since 0.5
+    wire_reduce_scatters::Int64
+    wire_all_gathers::Int64
+    wire_broadcasts::Int64
+    wire_controls::Int64
+    wire_bytes::Int64
+    wire_gradient_bytes::Int64
+    wire_parameter_bytes::Int64
+    wire_mask_bytes::Int64
+    wire_check_bytes::Int64
+    wire_weight_bytes::Int64
+    wire_host_bytes::Int64
 end
 
 # The 0.3 sizes on LP64 (version 1: 8 + 6*4 + 3*8 + 8 + 256 = 320 and 8 + 13*8 = 112;
-# 0.2 appends 2 x 4 bytes to sf_options, 0.3 another 2 x 4 and 3 x 8 to sf_stats).
+# 0.2 appends 2 x 4 bytes to sf_options, 0.3 another 2 x 4 and 3 x 8 to sf_stats,
+# 0.5 another 12 x 8 to sf_stats).
 @assert sizeof(SfOptions) == 336 "SfOptions is $(sizeof(SfOptions)) bytes, sf_options is 336"
-@assert sizeof(SfStats) == 136 "SfStats is $(sizeof(SfStats)) bytes, sf_stats is 136"
+@assert sizeof(SfStats) == 232 "SfStats is $(sizeof(SfStats)) bytes, sf_stats is 232"
 @assert fieldoffset(SfOptions, 12) == 64   # rendezvous
 @assert fieldoffset(SfStats, 8) == 56      # bytes_reduced
 
