@@ -35,15 +35,16 @@ WireCounts WireCount::counts() const {
 // reserved tail after scaledElems, of which the weight's limbs are the
 // weighted window's and the rest (window check, alignment) the check's.
 // An all-reduce is one segment whose padding is none.
-WireCounts bucketPayload(int kind, int64_t elems, int64_t world, int64_t wireBytes, bool padding,
-                         const ReduceSpec& spec) {
+WireCounts bucketPayload(BucketCollective kind, int64_t elems, int64_t world, int64_t wireBytes,
+                         bool padding, const ReduceSpec& spec) {
   WireCounts c;
-  const int64_t segments = kind == 0 ? 1 : world;
+  const bool allreduce = kind == BucketCollective::kAllreduce;
+  const int64_t segments = allreduce ? 1 : world;
   const int64_t dataEnd = spec.scaledElems < 0 ? elems : std::min(elems, spec.scaledElems);
   const int64_t tail = elems - dataEnd;
   int64_t data = 0;
   for (int64_t r = 0; r < segments; ++r) {
-    const bool listed = kind != 0 && !padding && size_t(r) < spec.segmentUsed.size();
+    const bool listed = !allreduce && !padding && size_t(r) < spec.segmentUsed.size();
     data += listed ? std::min(dataEnd, spec.segmentUsed[size_t(r)]) : dataEnd;
   }
   const int64_t limbs = spec.weight.usable() ? std::min(tail, spec.weightElems) : 0;
@@ -58,16 +59,16 @@ WireCounts bucketPayload(int kind, int64_t elems, int64_t world, int64_t wireByt
   c.weightBytes = segments * limbs * wireBytes;
   c.checkBytes = segments * (tail - limbs) * wireBytes;
   c.bytes = c.gradientBytes + c.parameterBytes + c.maskBytes + c.weightBytes + c.checkBytes;
-  if (kind == 0) c.allreduces = 1;
-  if (kind == 1) c.reduceScatters = 1;
-  if (kind == 2) c.allGathers = 1;
+  c.allreduces = allreduce ? 1 : 0;
+  c.reduceScatters = kind == BucketCollective::kReduceScatter ? 1 : 0;
+  c.allGathers = kind == BucketCollective::kAllGather ? 1 : 0;
   return c;
 }
 
 std::unique_ptr<Work> CountingBackend::startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                                       ReduceSpec spec) {
   const int64_t wire = int64_t(dtypeSize(inner_->allreduceWireDtype(dtype)));
-  WireCounts c = bucketPayload(0, numel, world_, wire, true, spec);
+  WireCounts c = bucketPayload(BucketCollective::kAllreduce, numel, world_, wire, true, spec);
   auto work = inner_->startAllreduce(data, numel, dtype, std::move(spec));
   add(c);
   return work;
@@ -75,7 +76,8 @@ std::unique_ptr<Work> CountingBackend::startAllreduce(void* data, int64_t numel,
 
 std::unique_ptr<Work> CountingBackend::startReduceScatter(void* data, int64_t segmentElems,
                                                           sf_dtype dtype, ReduceSpec spec) {
-  WireCounts c = bucketPayload(1, segmentElems, world_, int64_t(dtypeSize(dtype)),
+  WireCounts c = bucketPayload(BucketCollective::kReduceScatter, segmentElems, world_,
+                               int64_t(dtypeSize(dtype)),
                                inner_->movesPadding(), spec);
   auto work = inner_->startReduceScatter(data, segmentElems, dtype, std::move(spec));
   add(c);
@@ -84,7 +86,8 @@ std::unique_ptr<Work> CountingBackend::startReduceScatter(void* data, int64_t se
 
 std::unique_ptr<Work> CountingBackend::startAllgather(void* data, int64_t segmentElems,
                                                       sf_dtype dtype, ReduceSpec spec) {
-  WireCounts c = bucketPayload(2, segmentElems, world_, int64_t(dtypeSize(dtype)),
+  WireCounts c = bucketPayload(BucketCollective::kAllGather, segmentElems, world_,
+                               int64_t(dtypeSize(dtype)),
                                inner_->movesPadding(), spec);
   auto work = inner_->startAllgather(data, segmentElems, dtype, std::move(spec));
   add(c);

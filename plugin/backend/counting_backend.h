@@ -46,13 +46,16 @@ class WireCount {
   WireCounts c_;
 };
 
+// The bucket collectives CountingBackend counts.
+enum class BucketCollective { kAllreduce, kReduceScatter, kAllGather };
+
 // The payload of one bucket collective, by purpose, as CountingBackend
-// counts it (pure; exposed for tests). `kind`: 0 all-reduce (`elems`: the
-// buffer), 1 reduce-scatter or 2 all-gather (`elems`: per segment, `world`
-// segments). `wireBytes`: the size of an element on the wire; `padding`:
-// whether the backend moves the padding spec.segmentUsed leaves.
-WireCounts bucketPayload(int kind, int64_t elems, int64_t world, int64_t wireBytes, bool padding,
-                         const ReduceSpec& spec);
+// counts it (pure; exposed for tests). `elems`: the buffer of an all-reduce,
+// or per segment (`world` segments) of a reduce-scatter or all-gather.
+// `wireBytes`: the size of an element on the wire; `padding`: whether the
+// backend moves the padding spec.segmentUsed leaves.
+WireCounts bucketPayload(BucketCollective kind, int64_t elems, int64_t world, int64_t wireBytes,
+                         bool padding, const ReduceSpec& spec);
 
 class CountingBackend : public Backend {
  public:
