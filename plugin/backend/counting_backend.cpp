@@ -74,11 +74,15 @@ std::unique_ptr<Work> CountingBackend::startAllreduce(void* data, int64_t numel,
   return work;
 }
 
+WireCounts CountingBackend::segmentPayload(BucketCollective kind, int64_t segmentElems,
+                                           sf_dtype dtype, const ReduceSpec& spec) const {
+  return bucketPayload(kind, segmentElems, world_, int64_t(dtypeSize(dtype)),
+                       inner_->movesPadding(), spec);
+}
+
 std::unique_ptr<Work> CountingBackend::startReduceScatter(void* data, int64_t segmentElems,
                                                           sf_dtype dtype, ReduceSpec spec) {
-  WireCounts c = bucketPayload(BucketCollective::kReduceScatter, segmentElems, world_,
-                               int64_t(dtypeSize(dtype)),
-                               inner_->movesPadding(), spec);
+  WireCounts c = segmentPayload(BucketCollective::kReduceScatter, segmentElems, dtype, spec);
   auto work = inner_->startReduceScatter(data, segmentElems, dtype, std::move(spec));
   add(c);
   return work;
@@ -86,9 +90,7 @@ std::unique_ptr<Work> CountingBackend::startReduceScatter(void* data, int64_t se
 
 std::unique_ptr<Work> CountingBackend::startAllgather(void* data, int64_t segmentElems,
                                                       sf_dtype dtype, ReduceSpec spec) {
-  WireCounts c = bucketPayload(BucketCollective::kAllGather, segmentElems, world_,
-                               int64_t(dtypeSize(dtype)),
-                               inner_->movesPadding(), spec);
+  WireCounts c = segmentPayload(BucketCollective::kAllGather, segmentElems, dtype, spec);
   auto work = inner_->startAllgather(data, segmentElems, dtype, std::move(spec));
   add(c);
   return work;

@@ -92,6 +92,10 @@ class CountingBackend : public Backend {
   void add(const WireCounts& c) {
     if (world_ > 1) count_.add(c);
   }
+  // A reduce-scatter's or all-gather's payload (`world_` segments, the
+  // element as the dtype, the padding as the inner backend moves it).
+  WireCounts segmentPayload(BucketCollective kind, int64_t segmentElems, sf_dtype dtype,
+                            const ReduceSpec& spec) const;
 
   std::unique_ptr<Backend> inner_;
   WireCount& count_;
