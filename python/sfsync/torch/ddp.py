@@ -141,7 +141,7 @@ class DDPSync(WindowFace):
         import torch.distributed as dist
         window = self._window
         if not window.pass_open:
-            if (window.stepped_windows and window.guessed_length() is None
+            if (window.stepped_windows and window.at_boundary and window.guessed_length() is None
                     and step_hook.steps_seen_for(self.ddp.module.parameters())):
                 window.guess = UNTIL_STEP  # the first window: reduced at its step
             set_window(self.context, window.begin_pass(self._host_no_sync()))
