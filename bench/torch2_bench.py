@@ -61,6 +61,16 @@ before it), then waits for whatever it still has in flight (sfsync's
 gathers) untimed. A window is the slowest rank's wall time of forward,
 backward, synchronization and step; the median of the timed windows.
 
+CPU (issue 46): around the same timed windows, at the same instants as the
+wall clock, each rank reads its process's user+sys CPU time
+(getrusage(RUSAGE_SELF): the kernel's accounting of every thread of the
+process: the training thread, torch's and Gloo's threads, sfsync's lanes;
+the kernel's own network work counts where it runs in a rank's context,
+not in ksoftirqd). A window's CPU-ms per rank is the mean over the ranks
+(what a rank's cores pay); cpu_ms_per_window_median is the median of the
+timed windows, with the same bootstrap interval as the wall time, and
+ratios against the row's best DDP (best by wall time).
+
 The limit columns: compute-only = the compute_only (or, for sharded
 variants, compute_only_shard) window of the same run; wire bytes per rank
 and window = what the variant's collectives carry through one rank's NIC
@@ -93,10 +103,12 @@ see the check fail).
 
 Writes, under --out (default bench/results): torch2_bench.json (every
 record), torch2_bench.md (the tables docs/speed.md shows),
-torch2_bench_<model>.png (ms per window vs link rate, python3-matplotlib);
+torch2_bench_<model>.png (ms per window vs link rate, and below it the
+CPU-ms per window per rank, python3-matplotlib);
 --grid writes one torch2_grid_<model>_<hosts>_<rate>.{json,md} per launch
 and merges them into those; --smoke writes torch2_bench_smoke.*
-and checks that every column was produced. Exit status 77 when clusters
+and checks that every column was produced (the CPU-ms of every variant's
+every timed window > 0 among them). Exit status 77 when clusters
 cannot run here. A benchmark, not a test: the machine is shared, the numbers
 are noisy.
 """
@@ -107,6 +119,7 @@ import json
 import math
 import os
 import random
+import resource
 import statistics
 import sys
 import time
@@ -313,6 +326,13 @@ class _MallInfo2(ctypes.Structure):
 
 _libc = ctypes.CDLL(None)
 _libc.mallinfo2.restype = _MallInfo2
+
+
+def cpu_s():
+    """This process's user+sys CPU seconds, every thread (the kernel's
+    accounting; microsecond resolution)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def heap_in_use():
@@ -688,6 +708,7 @@ def run_model(a, rank, world):
     times = {r.variant: [[] for _ in range(a.rounds)] for r in runners}
     fb = {r.variant: [] for r in runners}  # forward+backward part of each timed window
     nic = {r.variant: [] for r in runners}
+    cpu = {r.variant: [[] for _ in range(a.rounds)] for r in runners}  # this rank's CPU-s
     windows = {r.variant: len(mem_windows) for r in runners}  # sfsync counts them too
     for rnd in range(a.rounds):
         # Round rnd: every variant a block, in the order rotated by rnd; the
@@ -699,18 +720,21 @@ def run_model(a, rank, world):
             dist.barrier()
             r.run_window(todo[0])  # untimed: nothing of this variant in flight before it
             t_prev = time.perf_counter()
+            c_prev = cpu_s()
             n_prev = nic_bytes()
             for k in range(a.windows):
                 t_fb = r.run_window(todo[1 + k])
                 if k == a.windows - 1:
                     r.settle()  # the last gathers count in the block's last window
                 t = time.perf_counter()
+                c = cpu_s()
                 nb = nic_bytes()
                 times[r.variant][rnd].append(t - t_prev)
+                cpu[r.variant][rnd].append(c - c_prev)
                 fb[r.variant].append(t_fb - t_prev)
                 if nb is not None:
                     nic[r.variant].append(max(nb[0] - n_prev[0], nb[1] - n_prev[1]))
-                t_prev, n_prev = t, nb
+                t_prev, c_prev, n_prev = t, c, nb
             windows[r.variant] += 1 + a.windows
             wire[r.variant] += counter.bytes - before
         data.clear()
@@ -723,12 +747,18 @@ def run_model(a, rank, world):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a window: its slowest rank
         by_round = [[round(x * 1e3, 3) for x in row] for row in t.tolist()]
         ms = [x for row in by_round for x in row]
+        ct = torch.tensor(cpu[r.variant], dtype=torch.float64)
+        dist.all_reduce(ct, op=dist.ReduceOp.SUM)  # a window's CPU: the ranks' mean
+        cpu_by_round = [[round(x * 1e3 / world, 3) for x in row] for row in ct.tolist()]
         m = torch.tensor([float(mem[r.variant])], dtype=torch.float64)
         dist.all_reduce(m, op=dist.ReduceOp.MAX)
         flat = [x for row in times[r.variant] for x in row]
         rec = {"variant": r.variant, "ms_per_window_median": round(statistics.median(ms), 3),
                "ms_per_window_min": round(min(ms), 3), "ms_per_window_max": round(max(ms), 3),
                "ms_windows_by_round": by_round, "config": r.config,
+               "cpu_ms_windows_by_round": cpu_by_round,
+               "cpu_ms_per_window_median": round(statistics.median(
+                   [x for row in cpu_by_round for x in row]), 3),
                "timed_windows": len(ms), "windows_run": windows[r.variant],
                # this rank's (each rank's own median, the largest): forward+backward
                # up to the last backward's return, and the step (with zero_grad)
@@ -789,6 +819,7 @@ def res_of(rec, variant):
 
 
 BOOT = 1000  # bootstrap resamples
+CPU_SERIES = "cpu_ms_windows_by_round"  # a window's user+sys CPU-ms, the ranks' mean
 
 
 def _boot(rows_v, rows_b, key, seed, n=BOOT):
@@ -817,10 +848,11 @@ def _boot(rows_v, rows_b, key, seed, n=BOOT):
     return [round(point, 4), round(draws[int(0.025 * n)], 4), round(draws[int(0.975 * n) - 1], 4)]
 
 
-def compare(rec, v, base, key, seed):
-    """{"all": [median, lo, hi] across runs, "per_run": [...] within each}."""
-    rv = res_of(rec, v)["ms_windows_by_round"]
-    rb = None if base is None else res_of(rec, base)["ms_windows_by_round"]
+def compare(rec, v, base, key, seed, series="ms_windows_by_round"):
+    """{"all": [median, lo, hi] across runs, "per_run": [...] within each};
+    series: the windows compared (wall ms, or cpu_ms_windows_by_round)."""
+    rv = res_of(rec, v)[series]
+    rb = None if base is None else res_of(rec, base)[series]
     out = {"all": _boot(rv, rb, key, seed)}
     if len(rv) > 1:
         out["per_run"] = [_boot([rv[i]], None if rb is None else [rb[i]], "%s/%d" % (key, i), seed)
@@ -828,12 +860,13 @@ def compare(rec, v, base, key, seed):
     return out
 
 
-def verdict(iv):
-    """'faster' / 'slower' only where the 95 % interval excludes 1.0."""
+def verdict(iv, words=("faster", "slower")):
+    """'faster' / 'slower' (words: CPU's "less CPU" / "more CPU") only where
+    the 95 % interval excludes 1.0."""
     if iv[2] < 1.0:
-        return "faster"
+        return words[0]
     if iv[1] > 1.0:
-        return "slower"
+        return words[1]
     return "same within noise"
 
 
@@ -846,8 +879,13 @@ def derive(rec, seed=35):
     """The limit columns, the intervals and the ratios of one record (in
     place); returns the list of correctness failures."""
     ms = {r["variant"]: r["ms_per_window_median"] for r in rec["results"]}
+    cpu = {r["variant"]: r["cpu_ms_per_window_median"] for r in rec["results"]
+           if r.get("cpu_ms_per_window_median") is not None}
     bps = rate_bytes_per_s(rec["rate"])
     base = best_ddp(ms)
+    # a ratio's base: every window's CPU > 0 (none in a record without CPU)
+    cpu_base = base is not None and base in cpu and min(
+        x for row in res_of(rec, base)[CPU_SERIES] for x in row) > 0
     rec["best_ddp"] = base
     tag = "%s/%d/%s" % (rec["model"], rec["hosts"], rec["rate"])
     for r in rec["results"]:
@@ -862,6 +900,10 @@ def derive(rec, seed=35):
         r["exposed_over_wire"] = (round(r["exposed_ms"] / r["wire_ms"], 3)
                                   if r["wire_ms"] and r["exposed_ms"] is not None else None)
         r["vs_best_ddp"] = None if base is None else round(ms[v] / ms[base], 3)
+        if v in cpu:  # records before issue 46 have no CPU
+            r["cpu_ms_per_window_ci"] = compare(rec, v, None, tag + "/cpu/" + v, seed,
+                                                CPU_SERIES)["all"]
+            r["cpu_vs_best_ddp"] = round(cpu[v] / cpu[base], 3) if cpu_base else None
         # The least any schedule that communicates once per window can
         # expose: its wire time less what it can overlap, which is one
         # micro-batch's forward+backward (the last backward's reduction, the
@@ -874,11 +916,14 @@ def derive(rec, seed=35):
             r["exposed_bound_ms"] = round(max(0.0, r["wire_ms"] - hide), 3)
             r["exposed_bound_over_wire"] = round(r["exposed_bound_ms"] / r["wire_ms"], 3)
             r["window_bound_ms"] = round(ms[comp] + r["exposed_bound_ms"], 3)
-    rat = {}
+    rat, cpu_rat = {}, {}
     if base is not None:
         for v in ms:
             if v not in COMPUTE and v != base:
                 rat[v + "_vs_best_ddp"] = compare(rec, v, base, tag + "/" + v, seed)
+                if v in cpu and cpu_base:
+                    cpu_rat[v + "_vs_best_ddp"] = compare(rec, v, base, tag + "/cpu/" + v, seed,
+                                                          CPU_SERIES)
     pairs = [("sfsync_perbucket", "ddp_overlap", "perbucket_vs_ddp_overlap"),
              ("sfsync_sharded_final", "sfsync_sharded", "sharded_final_vs_sharded"),
              ("sfsync_sharded_owned", "sfsync_sharded", "sharded_owned_vs_sharded"),
@@ -911,6 +956,7 @@ def derive(rec, seed=35):
             extra["sharded_memory_vs_" + v] = round(sh["memory_bytes_max_rank"] /
                                                     res[v]["memory_bytes_max_rank"], 3)
     rec["ratios"] = rat
+    rec["cpu_ratios"] = cpu_rat
     rec["extra"] = extra
     rec["targets"] = targets(rec)
     fails = []
@@ -944,6 +990,8 @@ def targets(rec):
 
 
 COLUMNS = [("ms_per_window_median", "ms/window", "%.0f"), ("vs_best_ddp", "x best DDP", "%.2f"),
+           ("cpu_ms_per_window_median", "CPU ms/window/rank", "%.1f"),
+           ("cpu_vs_best_ddp", "CPU x best DDP", "%.2f"),
            ("fwd_bwd_ms_median_max_rank", "fwd+bwd ms", "%.0f"),
            ("step_ms_median_max_rank", "step ms", "%.0f"),
            ("compute_only_ms", "compute-only ms", "%.0f"),
@@ -978,18 +1026,34 @@ def present(records):
     return [v for v in VARIANTS if any(x["variant"] == v for r in records for x in r["results"])]
 
 
-def ms_table(records):
+def ms_table(records, key="ms_per_window_ci", fmt="%.0f [%.0f, %.0f]"):
     """ms per window (median over every run's windows, slowest rank) of every
-    variant with its 95 % interval, a row per model, host count and link."""
+    variant with its 95 % interval, a row per model, host count and link
+    (key: cpu_ms_per_window_ci for the CPU-ms)."""
     variants = present(records)
     head = "| model | N | link | " + " | ".join(variants) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for rec in records:
         res = {r["variant"]: r for r in rec["results"]}
         lines.append("| %s | %d | %s | %s |" % (rec["model"], rec["hosts"], link_of(rec), " | ".join(
-            "%.0f [%.0f, %.0f]" % tuple(res[v]["ms_per_window_ci"]) if v in res else "-"
+            fmt % tuple(res[v][key]) if res.get(v, {}).get(key) else "-"
             for v in variants)))
     return "\n".join(lines)
+
+
+def vs_ddp_table(records, ratios, variants, words=("faster", "slower")):
+    """rec[ratios] (ratios or cpu_ratios) against the best DDP of each row."""
+    head = "| model | N | link | best DDP | " + " | ".join(variants) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for rec in records:
+        cells = []
+        for v in variants:
+            c = rec.get(ratios, {}).get(v + "_vs_best_ddp")
+            cells.append("1 (base)" if v == rec["best_ddp"] else "-" if c is None else
+                         "%s %s" % (iv_text(c["all"]), verdict(c["all"], words)))
+        lines.append("| %s | %d | %s | %s | %s |" % (rec["model"], rec["hosts"], link_of(rec),
+                                                    rec["best_ddp"], " | ".join(cells)))
+    return lines
 
 
 def tables(records):
@@ -999,16 +1063,14 @@ def tables(records):
     lines.append("Against the best DDP of the row (%s), median [95 %% interval]; "
                  "'faster' only where the interval is below 1:" % ", ".join(DDPS))
     lines.append("")
-    head = "| model | N | link | best DDP | " + " | ".join(variants) + " |"
-    lines += [head, "|" + "---|" * (head.count("|") - 1)]
-    for rec in records:
-        cells = []
-        for v in variants:
-            c = rec["ratios"].get(v + "_vs_best_ddp")
-            cells.append("1 (base)" if v == rec["best_ddp"] else "-" if c is None else
-                         "%s %s" % (iv_text(c["all"]), verdict(c["all"])))
-        lines.append("| %s | %d | %s | %s | %s |" % (rec["model"], rec["hosts"], link_of(rec),
-                                                    rec["best_ddp"], " | ".join(cells)))
+    lines += vs_ddp_table(records, "ratios", variants)
+    if any(r.get("cpu_ms_per_window_ci") for rec in records for r in rec["results"]):
+        lines += ["", "CPU-ms per window per rank (user+sys of the rank's process, every "
+                  "thread; the ranks' mean), median [95 % interval], the same windows:", "",
+                  ms_table(records, "cpu_ms_per_window_ci", "%.1f [%.1f, %.1f]"), "",
+                  "CPU-ms against the best DDP of the row (best by wall time), median "
+                  "[95 % interval]; 'less CPU' only where the interval is below 1:", ""]
+        lines += vs_ddp_table(records, "cpu_ratios", variants, ("less CPU", "more CPU"))
     lines += ["", "Other pairs, within a run (each run's interval) and across runs:", "",
               "| model | N | link | pair | across runs | per run |", "|---|---|---|---|---|---|"]
     for rec in records:
@@ -1069,7 +1131,8 @@ STYLE = {"compute_only": ("k", ".", ":"), "compute_only_shard": ("0.5", ".", ":"
 def plot(records, variants, path):
     """One file per model (path's stem + _<model>.png): a panel per host
     count, ms/window against link rate for every variant, the 95 % interval
-    as a band, sfsync_sharded's window bound as a black line."""
+    as a band, sfsync_sharded's window bound as a black line; below it, where
+    the records have them, the CPU-ms per window per rank the same way."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -1079,14 +1142,29 @@ def plot(records, variants, path):
     stem = path[:-len(".png")] if path.endswith(".png") else path
     for model in [m for m in MODELS if any(r["model"] == m for r in records)]:
         hosts = sorted({r["hosts"] for r in records if r["model"] == model})
-        fig, axes = plt.subplots(1, len(hosts), figsize=(7 * len(hosts), 5), squeeze=False)
-        for ax, n in zip(axes[0], hosts):
+        cpu = any(x.get("cpu_ms_per_window_ci") for r in records if r["model"] == model
+                  for x in r["results"])
+        fig, axes = plt.subplots(2 if cpu else 1, len(hosts), figsize=(7 * len(hosts),
+                                                                      10 if cpu else 5),
+                                 squeeze=False)
+        for i, n in enumerate(hosts):
             recs = panel_records(records, n, model)
-            draw_panel(ax, recs, variants, order, STYLE, "%s, %d hosts, AdamW, %d micro-batches"
-                       % (model, n, records[0]["micro_batches"]), band="ms_per_window_ci",
+            title = "%s, %d hosts, AdamW, %d micro-batches" % (model, n,
+                                                                records[0]["micro_batches"])
+            draw_panel(axes[0][i], recs, variants, order, STYLE, title, band="ms_per_window_ci",
                        bound=("sfsync_sharded", "window_bound_ms", "bound (sfsync_sharded)"))
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=6, ncol=2)
+            if cpu:
+                # draw_panel plots ms_per_window_median: the CPU-ms put in its place
+                as_cpu = {rate: dict(rec, results=[
+                    dict(x, ms_per_window_median=x["cpu_ms_per_window_median"])
+                    for x in rec["results"] if x.get("cpu_ms_per_window_ci")])
+                    for rate, rec in recs.items()}
+                draw_panel(axes[1][i], as_cpu, variants, order, STYLE, title + ", CPU",
+                           band="cpu_ms_per_window_ci")
+                axes[1][i].set_ylabel("CPU-ms per window per rank (user+sys, ranks' mean)")
+            for ax in axes[:, i]:
+                ax.grid(alpha=0.3, which="both")
+                ax.legend(fontsize=6, ncol=2)
         fig.tight_layout()
         fig.savefig("%s_%s.png" % (stem, model), dpi=100)
         plt.close(fig)
@@ -1136,6 +1214,7 @@ def smoke_check(records, variants):
             if r["timed_windows"] != rec["rounds"] * rec["windows"] or \
                     [len(x) for x in r["ms_windows_by_round"]] != [rec["windows"]] * rec["rounds"]:
                 errs.append("%s %s: %d timed windows" % (rec["model"], v, r["timed_windows"]))
+            errs += cpu_errors(rec, r)
             if v not in COMPUTE and r["memory_bytes_max_rank"] <= 0:
                 errs.append("%s %s: memory %d" % (rec["model"], v, r["memory_bytes_max_rank"]))
             want = {"sfsync_final": 2 * f * g, "sfsync_perbucket": 2 * f * g,
@@ -1156,6 +1235,23 @@ def smoke_check(records, variants):
                         rec["model"], v, b, 2 * f * g))
             errs += config_errors(rec, r)
     return errs
+
+
+def cpu_errors(rec, r):
+    """The CPU figure of a variant present and positive: every timed window's
+    CPU-ms (getrusage around it: forward and backward alone cost some), the
+    median and its interval."""
+    where = "%s %s: " % (rec["model"], r["variant"])
+    rows = r.get(CPU_SERIES)
+    if not rows or [len(x) for x in rows] != [rec["windows"]] * rec["rounds"]:
+        return [where + "CPU-ms per window missing (%s)" % rows]
+    if min(x for row in rows for x in row) <= 0:
+        return [where + "a window's CPU-ms <= 0: %s" % rows]
+    ci = r.get("cpu_ms_per_window_ci")
+    if not (r.get("cpu_ms_per_window_median") or 0) > 0 or not ci or not ci[1] > 0:
+        return [where + "CPU-ms per window median %s, interval %s: want > 0" % (
+            r.get("cpu_ms_per_window_median"), ci)]
+    return []
 
 
 def config_errors(rec, r):
@@ -1373,6 +1469,12 @@ def main(argv=None):
                     for r in rec["results"]), rec["best_ddp"], " ".join(
                     "%s=%s" % (k, iv_text(c["all"])) for k, c in sorted(rec["ratios"].items())),
                 load_start[0], rec["load"][0], out["run_s"]), flush=True)
+            print("%s N=%d %-8s CPU-ms/window/rank %s  %s" % (
+                rec["model"], n, rate, " ".join(
+                    "%s=%.1f" % (r["variant"], r["cpu_ms_per_window_median"])
+                    for r in rec["results"]), " ".join(
+                    "%s=%s" % (k, iv_text(c["all"]))
+                    for k, c in sorted(rec["cpu_ratios"].items()))), flush=True)
         return out["records"]
 
     records, rc = run_grid(a, "torch2_bench", run, tables,
