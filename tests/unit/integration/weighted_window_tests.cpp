@@ -6,10 +6,13 @@
 // and at synchronize, one bucket and many, two lanes, a bfloat16 wire,
 // float64 / float32 / bfloat16 gradients; window sums; collective counts
 // equal to an unweighted run's; the misuse errors (not weighted, late,
-// zero global weight, bad values).
+// zero global weight, bad values). Issue 45: weights and sums that no 16-bit
+// wire holds, exact through one; a late weight on a window of three buckets
+// reaching none of them.
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -391,6 +394,321 @@ BOOST_AUTO_TEST_CASE(misuse_is_reported_where_it_happens_2_thread_ranks_gloo) {
     BOOST_TEST(s.zero.find("window 2: the global window weight is 0") != std::string::npos, s.zero);
     BOOST_TEST(s.weightAfterZero == 0.0);
     BOOST_TEST(s.after.empty(), s.after);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(weights_no_16_bit_wire_holds_come_back_exact_2_and_3_thread_ranks_gloo) {
+  // Issue 45. Float32 buckets on a bfloat16 and a float16 wire, with weights
+  // and window sums that neither holds (257, 1027, 4099, ...: 8 and 11
+  // significant bits), whose window totals neither holds either (asserted).
+  // The limbs carry them exactly, so:
+  // - the totals come back as the exact integers (not rounded to 16 bits);
+  // - even tensors carry quarters of small integers, which the wire sums
+  //   exactly: only the float32 scaling rounds (within 2^-21 relative, 4x
+  //   its worst case), while a total rounded to the wire's 16 bits is off by
+  //   1 / total or more (asserted to be over 10x that tolerance);
+  // - odd tensors carry values the wire rounds: within the bound that
+  //   sfsync.h states for wire_dtype, (N + 1) u sum_i |x_i| (+ N 2^-24 for
+  //   float16), divided by the total, plus the scaling. That bound alone is
+  //   looser than a rounded total's error; the even tensors are the check.
+  const std::vector<int64_t> sizes = {300, 5, 200, 40};  // two buckets, each with both kinds
+  const std::vector<int> windows = {2, 1};               // micro-batches per window
+  const double kScaleTol = std::ldexp(1.0, -21);
+  // Odd integers above 256 that neither wire holds; where a window's total
+  // would be even (it could then fit float16), rank 0's first weight is one
+  // more: every total is odd and above 2048, so neither wire holds it.
+  int world = 0;
+  auto rawWeight = [](int rank, int window, int micro) {
+    static const double kWeights[] = {257, 1027, 4099, 515, 2051, 771, 1029};
+    return kWeights[(rank * 3 + window * 2 + micro) % 7];
+  };
+  auto weight = [&](int rank, int window, int micro) {
+    double raw = 0;
+    for (int q = 0; q < world; ++q) {
+      for (int m = 0; m < windows[size_t(window)]; ++m) raw += rawWeight(q, window, m);
+    }
+    const bool bump = rank == 0 && micro == 0 && std::fmod(raw, 2.0) == 0.0;
+    return rawWeight(rank, window, micro) + (bump ? 1.0 : 0.0);
+  };
+  auto sumsOf = [&](int rank, int window, int micro, double* out) {
+    out[0] = weight(rank, window, micro) * 0.5;
+    out[1] = 4099;
+    out[2] = rank == 1 ? 257.25 : 0.0;
+    out[3] = 1000001;
+  };
+  auto grad = [](int rank, int window, int micro, int64_t id, int64_t j) {
+    if (id % 2 == 0) return double(int64_t(rank * 5 + window * 3 + micro * 7 + id * 11 + j) % 9 - 4) / 4;
+    return double(int64_t(rank * 131 + window * 71 + micro * 37 + id * 17 + j * 29) % 997 - 498) / 331;
+  };
+  struct WireRun {
+    std::string error;
+    std::vector<std::vector<std::vector<double>>> grads;  // [window][id][j]
+    std::vector<double> totalWeight;
+    std::vector<std::vector<double>> totalSums;
+    int64_t buckets = 0;
+  };
+  for (sf_dtype wire : {SF_DTYPE_BFLOAT16, SF_DTYPE_FLOAT16}) {
+    auto toWire = [wire](double v) {
+      return wire == SF_DTYPE_BFLOAT16 ? double(sfsync::bf16ToFloat(sfsync::floatToBf16(float(v))))
+                                       : double(sfsync::halfToFloat(sfsync::floatToHalf(float(v))));
+    };
+    const double u = wire == SF_DTYPE_BFLOAT16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    for (int ranks : {2, 3}) {
+      world = ranks;
+      const std::string rdv = "memory://" + uniqueName("weighted-wire16");
+      const auto runs = runThreadRanks<WireRun>(world, [&](int rank) {
+        WireRun run;
+        sf_options o = rankOptions(rank, world, rdv, 20000);
+        o.reduce_op = SF_REDUCE_WEIGHTED;
+        o.wire_dtype = wire;
+        o.first_bucket_cap_mb = 0.0005;
+        o.bucket_cap_mb = 0.002;
+        ContextHandle h;
+        SF_TRY(sf_create(&o, &h.ctx));
+        const int64_t n = int64_t(sizes.size());
+        std::vector<float*> data(static_cast<size_t>(n));
+        for (int64_t id = 0; id < n; ++id) {
+          int64_t got = -1;
+          SF_TRY(sf_add_gradient(h.ctx, sizes[size_t(id)], SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &got));
+        }
+        for (int64_t id = 0; id < n; ++id) {
+          void* p = nullptr;
+          SF_TRY(sf_gradient_data(h.ctx, id, &p));
+          data[size_t(id)] = static_cast<float*>(p);
+        }
+        run.buckets = statsOf(h.ctx).bucket_count;
+        for (int w = 0; w < int(windows.size()); ++w) {
+          SF_TRY(sf_zero_gradients(h.ctx));
+          for (int m = 0; m < windows[size_t(w)]; ++m) {
+            const bool last = m == windows[size_t(w)] - 1;
+            if (!last) SF_TRY(sf_begin_accumulation(h.ctx));
+            double sums[SF_WINDOW_SUMS];
+            sumsOf(rank, w, m, sums);
+            SF_TRY(sf_add_window_weight(h.ctx, weight(rank, w, m)));
+            SF_TRY(sf_add_window_sums(h.ctx, sums, SF_WINDOW_SUMS));
+            for (int64_t id = n - 1; id >= 0; --id) {
+              for (int64_t j = 0; j < sizes[size_t(id)]; ++j) {
+                data[size_t(id)][j] += float(grad(rank, w, m, id, j));
+              }
+            }
+            if (!last) SF_TRY(sf_end_accumulation(h.ctx));
+          }
+          SF_TRY(sf_synchronize(h.ctx));
+          std::vector<std::vector<double>> g(static_cast<size_t>(n));
+          for (int64_t id = 0; id < n; ++id) {
+            g[size_t(id)].assign(data[size_t(id)], data[size_t(id)] + sizes[size_t(id)]);
+          }
+          run.grads.push_back(g);
+          double total = -1;
+          std::vector<double> sums(SF_WINDOW_SUMS, -1);
+          SF_TRY(sf_get_window_totals(h.ctx, &total, sums.data(), SF_WINDOW_SUMS));
+          run.totalWeight.push_back(total);
+          run.totalSums.push_back(sums);
+        }
+        return run;
+      });
+      for (size_t w = 0; w < windows.size(); ++w) {
+        // The window's exact totals, and what a 16-bit wire would make of them.
+        double total = 0;
+        std::vector<double> sums(SF_WINDOW_SUMS, 0.0);
+        for (int q = 0; q < world; ++q) {
+          for (int m = 0; m < windows[w]; ++m) {
+            double s[SF_WINDOW_SUMS];
+            sumsOf(q, int(w), m, s);
+            total += weight(q, int(w), m);
+            for (int k = 0; k < SF_WINDOW_SUMS; ++k) sums[size_t(k)] += s[k];
+          }
+        }
+        BOOST_TEST_REQUIRE(toWire(total) != total, "window " << w << ": " << total << " fits the wire");
+        const double roundedOff = std::fabs(total / toWire(total) - 1.0);
+        BOOST_TEST_REQUIRE(roundedOff > 10 * kScaleTol, "window " << w << ": " << roundedOff);
+        for (int r = 0; r < world; ++r) {
+          const WireRun& run = runs[size_t(r)];
+          BOOST_TEST_REQUIRE(run.error.empty(), "wire " << wire << " rank " << r << ": " << run.error);
+          BOOST_TEST(run.buckets >= 2);
+          BOOST_TEST(run.totalWeight[w] == total, "wire " << wire << " world " << world << " rank " << r
+                                                          << " window " << w << ": total weight "
+                                                          << run.totalWeight[w] << ", not " << total);
+          BOOST_TEST(run.totalSums[w] == sums, boost::test_tools::per_element());
+          // Worst error of the even tensors (relative) and of the odd ones
+          // (as a fraction of the stated bound).
+          double worstExact = 0, worstBound = 0;
+          for (int64_t id = 0; id < int64_t(sizes.size()); ++id) {
+            for (int64_t j = 0; j < sizes[size_t(id)]; ++j) {
+              double s = 0, a = 0;
+              for (int q = 0; q < world; ++q) {
+                float x = 0;  // as rank q accumulated it
+                for (int m = 0; m < windows[w]; ++m) x += float(grad(q, int(w), m, id, j));
+                s += x;
+                a += std::fabs(x);
+              }
+              const double mean = s / total;
+              const double err = std::fabs(run.grads[w][size_t(id)][size_t(j)] - mean);
+              if (id % 2 == 0) {
+                const double rel = mean == 0 ? (err == 0 ? 0 : INFINITY) : err / std::fabs(mean);
+                worstExact = std::max(worstExact, rel);
+              } else {
+                const double fp16Term = wire == SF_DTYPE_FLOAT16 ? world * std::ldexp(1.0, -24) : 0.0;
+                const double wireBound = (world + 1) * u * a + fp16Term;
+                const double bound = wireBound / total + kScaleTol * std::fabs(mean);
+                worstBound = std::max(worstBound, err / bound);
+              }
+            }
+          }
+          BOOST_TEST_MESSAGE("wire " << wire << " world " << world << " rank " << r << " window " << w
+                                     << ": exact sums within " << worstExact << " relative, others within "
+                                     << worstBound << " of the stated bound");
+          BOOST_TEST(worstExact <= kScaleTol, "wire " << wire << " world " << world << " rank " << r
+                                                      << " window " << w << ": exact sums off by "
+                                                      << worstExact << " relative");
+          BOOST_TEST(worstBound <= 1.0, "wire " << wire << " world " << world << " rank " << r << " window "
+                                                << w << ": " << worstBound << " of the stated bound");
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_late_weight_reaches_none_of_three_buckets_2_and_3_thread_ranks_gloo) {
+  // Issue 45. Three float64 buckets (each 2,400-byte gradient is over the
+  // 0.002 MB cap: a bucket of its own). In the last micro-batch of window 1
+  // bucket 0's gradient is ready first: bucket 0 starts reducing, carrying
+  // the window's weight; buckets 1 and 2 have not started (one collective
+  // issued, asserted). A weight and sums added then are refused
+  // (SF_ERR_INVALID_STATE naming bucket 0 and the window) and reach no
+  // bucket: were buckets 1 and 2 to carry them, the window would be divided
+  // by two totals. Every bucket is checked against the sum over ranks and
+  // micro-batches divided by the accepted weight; so are the totals, and
+  // window 2 (nothing carried over).
+  const int64_t kNumel = 300;
+  auto weight = [](int rank, int window, int micro) { return double(3 + rank + 2 * micro + 5 * window); };
+  auto grad = [](int rank, int window, int micro, int64_t id, int64_t j) {
+    return double(int64_t(rank * 7 + window * 5 + micro * 3 + id * 13 + j) % 11 - 5);
+  };
+  struct Late {
+    std::string error, lateWeight, lateSums;
+    sf_status weightStatus = SF_OK, sumsStatus = SF_OK;
+    int64_t startedBeforeLate = -1;
+    std::vector<int64_t> bucketOf;                        // per id
+    std::vector<std::vector<std::vector<double>>> grads;  // [window][id][j]
+    std::vector<double> totalWeight;
+    std::vector<std::vector<double>> totalSums;
+  };
+  for (int world : {2, 3}) {
+    const std::string rdv = "memory://" + uniqueName("weighted-late3");
+    const auto runs = runThreadRanks<Late>(world, [&](int rank) {
+      Late run;
+      sf_options o = rankOptions(rank, world, rdv, 20000);
+      o.reduce_op = SF_REDUCE_WEIGHTED;
+      o.first_bucket_cap_mb = 0.0005;
+      o.bucket_cap_mb = 0.002;
+      ContextHandle h;
+      SF_TRY(sf_create(&o, &h.ctx));
+      std::vector<double*> data(3);
+      for (int64_t id = 0; id < 3; ++id) {
+        int64_t got = -1;
+        SF_TRY(sf_add_gradient(h.ctx, kNumel, SF_DTYPE_FLOAT64, SF_DEVICE_HOST, nullptr, &got));
+      }
+      for (int64_t id = 0; id < 3; ++id) {
+        void* p = nullptr;
+        SF_TRY(sf_gradient_data(h.ctx, id, &p));
+        data[size_t(id)] = static_cast<double*>(p);
+      }
+      run.bucketOf.assign(3, -1);
+      std::vector<int64_t> idOf(3, -1);  // per bucket
+      for (int64_t id = 0; id < 3; ++id) {
+        SF_TRY(sf_gradient_bucket(h.ctx, id, &run.bucketOf[size_t(id)]));
+        const int64_t b = run.bucketOf[size_t(id)];
+        if (b < 0 || b > 2 || idOf[size_t(b)] >= 0) {
+          run.error = "not three buckets of one gradient each";
+          return run;
+        }
+        idOf[size_t(b)] = id;
+      }
+      auto fill = [&](int w, int m, int64_t id) {
+        for (int64_t j = 0; j < kNumel; ++j) data[size_t(id)][j] += grad(rank, w, m, id, j);
+      };
+      for (int w = 0; w < 2; ++w) {
+        SF_TRY(sf_zero_gradients(h.ctx));
+        const int micro = w == 0 ? 2 : 1;
+        const int64_t before = statsOf(h.ctx).collectives_issued;
+        for (int m = 0; m < micro; ++m) {
+          const bool last = m == micro - 1;
+          if (!last) SF_TRY(sf_begin_accumulation(h.ctx));
+          SF_TRY(sf_add_window_weight(h.ctx, weight(rank, w, m)));
+          const double sums[2] = {weight(rank, w, m), 1.0};
+          SF_TRY(sf_add_window_sums(h.ctx, sums, 2));
+          if (!last) {
+            for (int64_t id = 0; id < 3; ++id) fill(w, m, id);
+            SF_TRY(sf_end_accumulation(h.ctx));
+            continue;
+          }
+          for (int64_t b = 0; b < 3; ++b) {  // backward: bucket 0's gradient first
+            fill(w, m, idOf[size_t(b)]);
+            SF_TRY(sf_grad_ready(h.ctx, idOf[size_t(b)]));
+            if (w == 0 && b == 0) {
+              run.startedBeforeLate = statsOf(h.ctx).collectives_issued - before;
+              run.weightStatus = sf_add_window_weight(h.ctx, 1000.0 + rank);
+              run.lateWeight = sf_last_error();
+              const double late[2] = {1000.0, 1000.0};
+              run.sumsStatus = sf_add_window_sums(h.ctx, late, 2);
+              run.lateSums = sf_last_error();
+            }
+          }
+        }
+        SF_TRY(sf_synchronize(h.ctx));
+        std::vector<std::vector<double>> g(3);
+        for (int64_t id = 0; id < 3; ++id) g[size_t(id)].assign(data[size_t(id)], data[size_t(id)] + kNumel);
+        run.grads.push_back(g);
+        double total = -1;
+        std::vector<double> sums(SF_WINDOW_SUMS, -1);
+        SF_TRY(sf_get_window_totals(h.ctx, &total, sums.data(), SF_WINDOW_SUMS));
+        run.totalWeight.push_back(total);
+        run.totalSums.push_back(sums);
+      }
+      return run;
+    });
+    for (int r = 0; r < world; ++r) {
+      const Late& run = runs[size_t(r)];
+      BOOST_TEST_REQUIRE(run.error.empty(), "world " << world << " rank " << r << ": " << run.error);
+      BOOST_TEST(run.startedBeforeLate == 1, "bucket 0 alone started: " << run.startedBeforeLate);
+      BOOST_TEST(run.weightStatus == SF_ERR_INVALID_STATE);
+      BOOST_TEST(run.lateWeight.find("sf_add_window_weight: bucket 0 of window 1 has started reducing") !=
+                     std::string::npos,
+                 "world " << world << " rank " << r << ": late weight said '" << run.lateWeight << "'");
+      BOOST_TEST(run.sumsStatus == SF_ERR_INVALID_STATE);
+      BOOST_TEST(run.lateSums.find("sf_add_window_sums: bucket 0 of window 1 has started reducing") !=
+                     std::string::npos,
+                 "world " << world << " rank " << r << ": late sums said '" << run.lateSums << "'");
+      for (int w = 0; w < 2; ++w) {
+        const int micro = w == 0 ? 2 : 1;
+        double total = 0, micros = 0;
+        for (int q = 0; q < world; ++q) {
+          for (int m = 0; m < micro; ++m) {
+            total += weight(q, w, m);
+            micros += 1;
+          }
+        }
+        BOOST_TEST(run.totalWeight[size_t(w)] == total,
+                   "world " << world << " rank " << r << " window " << w + 1);
+        BOOST_TEST(run.totalSums[size_t(w)][0] == total);
+        BOOST_TEST(run.totalSums[size_t(w)][1] == micros);
+        for (int64_t id = 0; id < 3; ++id) {
+          double worst = 0;
+          for (int64_t j = 0; j < kNumel; ++j) {
+            double s = 0;
+            for (int q = 0; q < world; ++q) {
+              for (int m = 0; m < micro; ++m) s += grad(q, w, m, id, j);
+            }
+            const double want = s / total;
+            const double err = std::fabs(run.grads[size_t(w)][size_t(id)][size_t(j)] - want);
+            worst = std::max(worst, want == 0 ? (err == 0 ? 0 : INFINITY) : err / std::fabs(want));
+          }
+          BOOST_TEST(worst <= 1e-15, "world " << world << " rank " << r << " window " << w + 1 << " bucket "
+                                              << run.bucketOf[size_t(id)] << ": off by " << worst);
+        }
+      }
+    }
   }
 }
 
