@@ -11,17 +11,28 @@
 // Two baselines: one raw allreduce of all the bytes (what the plugin aims to
 // match), and raw allreduces of the plugin's bucket sizes one after another
 // (what bucketing itself costs the transport; DDP pays the same).
+//
+// --cpu (issue 46) adds CPU-ms per window per rank for the three: the
+// process's user+sys time (getrusage(RUSAGE_SELF): the kernel's accounting
+// of every thread, Gloo's and sfsync's lanes included) read by rank 0 around
+// each timed phase, divided by the ranks. The rank threads meet at a barrier
+// before and after every phase so that the two readings enclose every rank's
+// part of that phase and nothing else; without --cpu they run unaligned and
+// the output is as before.
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -51,6 +62,40 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// This process's user+sys CPU seconds, every thread (the kernel's accounting).
+double processCpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+// The rank threads' meeting point around a timed phase (--cpu); blocks, never
+// spins, so that waiting costs next to no CPU.
+class PhaseBarrier {
+ public:
+  explicit PhaseBarrier(int parties) : parties_(parties) {}
+
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t generation = generation_;
+    if (++arrived_ == parties_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != generation; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  const int parties_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+};
+
 struct Config {
   double sizeMb;
   int grads;
@@ -61,12 +106,14 @@ struct Row {
   Config c{};
   int64_t buckets = 0;
   std::vector<double> rawMs, bucketedMs, pluginMs;  // samples
+  std::vector<double> rawCpuMs, bucketedCpuMs, pluginCpuMs;  // --cpu: rank 0's, per rank
   std::string error;
 };
 
-// One rank's part of one configuration.
+// One rank's part of one configuration; cpu: the ranks' barrier with --cpu,
+// else null.
 Row runRank(int rank, int world, const Config& c, int iters, sf_reduce_op op,
-            const std::string& tag) {
+            const std::string& tag, PhaseBarrier* cpu) {
   Row row;
   row.c = c;
   const int64_t totalFloats = int64_t(c.sizeMb * 1048576 / 4);
@@ -130,12 +177,26 @@ Row runRank(int rank, int world, const Config& c, int iters, sf_reduce_op op,
   for (int64_t b = 0; b < s.bucket_count; ++b) {
     sf_bucket_info(ctx, b, &bucketBytes[size_t(b)], nullptr, nullptr);
   }
+  // --cpu: every rank enters a phase after rank 0's first reading and has
+  // left it before its second; the process's CPU over the ranks is a rank's.
+  // The sfsync window's CPU spans begin..synchronize (its wall time:
+  // synchronize).
+  auto phase = [&](std::vector<double>& cpuMs, const auto& run) {
+    if (cpu == nullptr) return run();
+    cpu->wait();
+    const double c0 = rank == 0 ? processCpuSeconds() : 0;
+    cpu->wait();
+    const double ms = run();
+    cpu->wait();
+    if (rank == 0) cpuMs.push_back((processCpuSeconds() - c0) * 1e3 / world);
+    return ms;
+  };
   const std::vector<int64_t> whole = {int64_t(rawBuf.size() * 4)};
   rawOnce(whole);
   for (int i = 0; i < iters; ++i) {
-    row.rawMs.push_back(rawOnce(whole));
-    row.bucketedMs.push_back(rawOnce(bucketBytes));
-    row.pluginMs.push_back(window());
+    row.rawMs.push_back(phase(row.rawCpuMs, [&] { return rawOnce(whole); }));
+    row.bucketedMs.push_back(phase(row.bucketedCpuMs, [&] { return rawOnce(bucketBytes); }));
+    row.pluginMs.push_back(phase(row.pluginCpuMs, window));
   }
   row.buckets = s.bucket_count;
   sf_destroy(ctx);
@@ -314,6 +375,10 @@ int main(int argc, char** argv) {
       ("json", "also write JSON lines here", cxxopts::value<std::string>())
       ("replica-iters", "sf_check_replicas calls timed (0: skip that section)", cxxopts::value<int>()->default_value("200"))
       ("replica-only", "only the replica-check section")
+      ("cpu", "also CPU-ms per window per rank: user+sys of the whole process (getrusage, every "
+              "thread: Gloo's and sfsync's too) over each timed phase / ranks, rank threads "
+              "aligned by a barrier around every phase; columns raw_cpu, bkt_cpu, sf_cpu "
+              "(the sfsync window begin..synchronize) and their ratios cpu_vs_raw, cpu_vs_bkt")
       ("h,help", "print this help");
   cxxopts::ParseResult args;
   try {
@@ -350,12 +415,22 @@ int main(int argc, char** argv) {
   if (args["replica-iters"].as<int>() > 0) printReplicaCosts(ranks, args["replica-iters"].as<int>(), json);
   if (args.count("replica-only")) return 0;
 
+  const bool cpu = args.count("cpu") > 0;
   std::cout << "reduce=" << reduce << ", " << ranks << " ranks, median of " << iters << " x "
-            << repeats << " iterations (" << repeats << " fresh connections)\n"
+            << repeats << " iterations (" << repeats << " fresh connections)";
+  if (cpu) {
+    std::cout << "; *_cpu: CPU-ms per rank (user+sys of the process / ranks), phases aligned";
+  }
+  std::cout << "\n"
             << std::setw(8) << "MiB" << std::setw(7) << "grads" << std::setw(9) << "cap_MiB"
             << std::setw(9) << "buckets" << std::setw(10) << "raw_ms" << std::setw(14)
             << "raw_bkt_ms" << std::setw(11) << "sfsync_ms" << std::setw(11) << "vs_raw"
-            << std::setw(11) << "vs_bkt" << "\n";
+            << std::setw(11) << "vs_bkt";
+  if (cpu) {
+    std::cout << std::setw(10) << "raw_cpu" << std::setw(10) << "bkt_cpu" << std::setw(10)
+              << "sf_cpu" << std::setw(12) << "cpu_vs_raw" << std::setw(12) << "cpu_vs_bkt";
+  }
+  std::cout << "\n";
   int configIndex = 0;
   for (double size : args["sizes-mb"].as<std::vector<double>>()) {
     for (int grads : args["grads"].as<std::vector<int>>()) {
@@ -367,8 +442,11 @@ int main(int argc, char** argv) {
               "bench-" + std::to_string(::getpid()) + "-" + std::to_string(configIndex++);
           std::vector<Row> rows(static_cast<size_t>(ranks));
           std::vector<std::thread> threads;
+          PhaseBarrier barrier(ranks);
+          PhaseBarrier* phases = cpu ? &barrier : nullptr;
           for (int r = 0; r < ranks; ++r) {
-            threads.emplace_back([&, r] { rows[size_t(r)] = runRank(r, ranks, c, iters, op, tag); });
+            threads.emplace_back(
+                [&, r] { rows[size_t(r)] = runRank(r, ranks, c, iters, op, tag, phases); });
           }
           for (auto& t : threads) t.join();
           if (!rows[0].error.empty()) {
@@ -376,27 +454,47 @@ int main(int argc, char** argv) {
             return 1;
           }
           all.buckets = rows[0].buckets;
-          for (auto v : {&Row::rawMs, &Row::bucketedMs, &Row::pluginMs}) {
+          for (auto v : {&Row::rawMs, &Row::bucketedMs, &Row::pluginMs, &Row::rawCpuMs,
+                         &Row::bucketedCpuMs, &Row::pluginCpuMs}) {
             (all.*v).insert((all.*v).end(), (rows[0].*v).begin(), (rows[0].*v).end());
           }
         }
         struct {
           int64_t buckets;
           double rawMs, bucketedMs, pluginMs;
-        } row{all.buckets, median(all.rawMs), median(all.bucketedMs), median(all.pluginMs)};
+          double rawCpuMs, bucketedCpuMs, pluginCpuMs;
+        } row{all.buckets,          median(all.rawMs),    median(all.bucketedMs),
+              median(all.pluginMs), median(all.rawCpuMs), median(all.bucketedCpuMs),
+              median(all.pluginCpuMs)};
         const double ratio = row.pluginMs / row.rawMs;
         const double ratioBucketed = row.pluginMs / row.bucketedMs;
+        const double cpuRatio = row.pluginCpuMs / row.rawCpuMs;
+        const double cpuRatioBucketed = row.pluginCpuMs / row.bucketedCpuMs;
         std::cout << std::setw(8) << std::setprecision(1) << size << std::setw(7) << grads
                   << std::setw(9) << cap << std::setw(9) << row.buckets << std::setw(10)
                   << std::setprecision(3) << row.rawMs << std::setw(14) << row.bucketedMs
                   << std::setw(11) << row.pluginMs << std::setw(11) << std::setprecision(2)
-                  << ratio << std::setw(11) << ratioBucketed << std::endl;
+                  << ratio << std::setw(11) << ratioBucketed;
+        if (cpu) {
+          std::cout << std::setprecision(3) << std::setw(10) << row.rawCpuMs << std::setw(10)
+                    << row.bucketedCpuMs << std::setw(10) << row.pluginCpuMs
+                    << std::setprecision(2) << std::setw(12) << cpuRatio << std::setw(12)
+                    << cpuRatioBucketed;
+        }
+        std::cout << std::endl;
         if (json.is_open()) {
           json << "{\"kind\":\"window_sync\",\"reduce\":\"" << reduce << "\",\"ranks\":" << ranks
                << ",\"mib\":" << size << ",\"grads\":" << grads << ",\"cap_mib\":" << cap
                << ",\"buckets\":" << row.buckets << ",\"raw_ms\":" << row.rawMs
                << ",\"raw_bucketed_ms\":" << row.bucketedMs << ",\"sfsync_ms\":" << row.pluginMs
-               << ",\"ratio\":" << ratio << ",\"ratio_vs_bucketed\":" << ratioBucketed << "}\n";
+               << ",\"ratio\":" << ratio << ",\"ratio_vs_bucketed\":" << ratioBucketed;
+          if (cpu) {
+            json << ",\"raw_cpu_ms\":" << row.rawCpuMs
+                 << ",\"raw_bucketed_cpu_ms\":" << row.bucketedCpuMs
+                 << ",\"sfsync_cpu_ms\":" << row.pluginCpuMs << ",\"cpu_ratio\":" << cpuRatio
+                 << ",\"cpu_ratio_vs_bucketed\":" << cpuRatioBucketed;
+          }
+          json << "}\n";
         }
       }
     }
