@@ -238,15 +238,48 @@ uint64_t splitmix(uint64_t x) {
 
 float wireValue(int rank, int64_t i, bool mixedSigns, int scaleBits) {
   const uint64_t h = splitmix(uint64_t(rank) << 40 ^ uint64_t(i));
-  const double mant = 0.5 + 1.5 * double(h >> 11) * std::ldexp(1.0, -53);  // [0.5, 2)
+  const double mant = 0.5 + 1.5 * double(h >> 11) * 0x1p-53;  // [0.5, 2)
   const int e = int((h >> 1) % uint64_t(2 * scaleBits + 1)) - scaleBits;
   double v = std::ldexp(mant, e);
   if (mixedSigns && (h & 1)) v = -v;
   return float(v);
 }
 
+// The window's gradients: three tensors; the 8.2 MiB one is split into pieces
+// and carries the window check (its last piece holds the two unscaled
+// window-check elements).
+const std::vector<int64_t> kWireSizes = {2100 * 1024, 4099, 100000};
+
+// Every element's sum over the ranks: exact (double), of magnitudes, and the
+// float32 sum in rank order; one table for all of a window's ranks.
+struct WireExpected {
+  std::vector<double> exact, absSum;
+  std::vector<float> ref;
+};
+
+WireExpected wireExpected(int world, bool mixedSigns, int scaleBits) {
+  int64_t total = 0;
+  for (int64_t n : kWireSizes) total += n;
+  WireExpected e{std::vector<double>(size_t(total)), std::vector<double>(size_t(total)),
+                 std::vector<float>(size_t(total))};
+  for (int64_t i = 0; i < total; ++i) {
+    double exact = 0, absSum = 0;
+    float ref = 0;  // float32, ranks in order (exact for 2 ranks)
+    for (int r = 0; r < world; ++r) {
+      const float x = wireValue(r, i, mixedSigns, scaleBits);
+      exact += x;
+      absSum += std::fabs(x);
+      ref += x;
+    }
+    e.exact[size_t(i)] = exact;
+    e.absSum[size_t(i)] = absSum;
+    e.ref[size_t(i)] = ref;
+  }
+  return e;
+}
+
 WireRun wireWindow(int rank, int world, sf_dtype wire, const std::string& url, bool mixedSigns,
-                   int scaleBits, sf_reduce_op op, bool setWire) {
+                   int scaleBits, sf_reduce_op op, bool setWire, const WireExpected& expected) {
   WireRun out;
   sf_options o = rankOptions(rank, world, url);
   o.reduce_op = op;
@@ -254,9 +287,7 @@ WireRun wireWindow(int rank, int world, sf_dtype wire, const std::string& url, b
   o.bucket_cap_mb = 2;
   ContextHandle h;
   if (sf_create(&o, &h.ctx) != SF_OK) return {sf_last_error()};
-  // The 8.2 MiB one is split into pieces and carries the window check (its
-  // last piece holds the two unscaled window-check elements).
-  const std::vector<int64_t> sizes = {2100 * 1024, 4099, 100000};
+  const std::vector<int64_t>& sizes = kWireSizes;
   for (int64_t n : sizes) {
     int64_t id;
     sf_add_gradient(h.ctx, n, SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, &id);
@@ -278,14 +309,9 @@ WireRun wireWindow(int rank, int world, sf_dtype wire, const std::string& url, b
   const double div = op == SF_REDUCE_AVERAGE ? world : 1.0;
   for (size_t g = 0; g < sizes.size(); ++g) {
     for (int64_t i = 0; i < sizes[g]; ++i) {
-      double exact = 0, absSum = 0;
-      float ref = 0;  // float32, ranks in order (exact for 2 ranks)
-      for (int r = 0; r < world; ++r) {
-        const float x = wireValue(r, bases[g] + i, mixedSigns, scaleBits);
-        exact += x;
-        absSum += std::fabs(x);
-        ref += x;
-      }
+      const size_t k = size_t(bases[g] + i);
+      const double exact = expected.exact[k], absSum = expected.absSum[k];
+      const float ref = expected.ref[k];
       const double err = std::fabs(double(data[g][i]) * div - exact);
       // The documented bound, plus float32 rounding of the average.
       const double bound = (world + 1) * u * absSum + absTerm + std::ldexp(absSum, -23) * (div > 1);
@@ -338,8 +364,9 @@ BOOST_AUTO_TEST_CASE(error_bound_holds_for_2_and_4_ranks) {
       BOOST_TEST_CONTEXT("world " << world << ", wire " << c.wire << ", mixed signs " << c.mixed
                                   << ", op " << c.op) {
         const std::string url = "memory://" + uniqueName("wire");
+        const WireExpected expected = wireExpected(world, c.mixed, c.scaleBits);
         auto runs = runThreadRanks<WireRun>(world, [&](int r) {
-          return wireWindow(r, world, c.wire, url, c.mixed, c.scaleBits, c.op, true);
+          return wireWindow(r, world, c.wire, url, c.mixed, c.scaleBits, c.op, true, expected);
         });
         for (const auto& run : runs) {
           BOOST_REQUIRE_MESSAGE(run.error.empty(), run.error);
@@ -360,8 +387,9 @@ BOOST_AUTO_TEST_CASE(off_by_default_exact) {
   // Two ranks: the float32 sum of two values is one rounding, the same
   // whichever rank adds: the result must equal it bit for bit.
   const std::string url = "memory://" + uniqueName("wireoff");
+  const WireExpected expected = wireExpected(2, true, 40);
   auto runs = runThreadRanks<WireRun>(2, [&](int r) {
-    return wireWindow(r, 2, SF_DTYPE_BFLOAT16, url, true, 40, SF_REDUCE_SUM, false);
+    return wireWindow(r, 2, SF_DTYPE_BFLOAT16, url, true, 40, SF_REDUCE_SUM, false, expected);
   });
   for (const auto& run : runs) {
     BOOST_REQUIRE_MESSAGE(run.error.empty(), run.error);
