@@ -54,6 +54,21 @@ every variant on the same model copy, data, micro-batches and optimizer
                      the last backward returns, then one step
   sfsync_perbucket   GradientSync + sync.optimizer(AdamW, overlap_step=True)
 
+Half the bytes (issue 46, item 3; opt-in: --variants and --smoke run them; each judged against the float32 run, ddp_foreach):
+
+  sfsync_bf16_perbucket  sfsync_perbucket with wire_dtype="bf16" (sfsync's
+                     16-bit wire: float32 partial sums, bf16 on the wire)
+  sfsync_bf16_sharded    sfsync_sharded with wire_dtype="bf16"; sharded
+                     buckets travel in their own dtype (include/sfsync.h,
+                     "Sharded windows"): its bytes and error show float32's
+                     (gradient_wire_bytes_per_element says which: 4 or 2)
+  ddp_bf16_hook      DDP (ddp_fused_capsf's cap: the DDP best in most of
+                     issue 35's rows) + register_comm_hook(bf16_compress_hook)
+  fsdp2_bf16_reduce  fully_shard as fsdp2_reshard's units, with
+                     MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) and
+                     reshard_after_forward left to torch (None: True for the
+                     units, False for the root)
+
 Timing: rounds; in each round every variant in turn runs a block of
 --block consecutive windows (each after a barrier; the block's first window
 is not timed: nothing of an earlier window of the same variant was in flight
@@ -99,7 +114,15 @@ weights (FSDP2: full_tensor(); sfsync sharded: after its gathers) must
 agree with ddp_foreach's within --tolerance (max abs difference; the
 compute-only variants excluded: they never synchronize); a variant off by
 more fails the run (--fault VARIANT gives VARIANT 1.5x the learning rate, to
-see the check fail).
+see the check fail). The update's error against that float32 run, for every
+synchronized variant: update_rel_err_vs_fp32 = the largest |w - w_fp32|
+over the float32 update's largest |w_fp32 - w0| (w0: the initial weights;
+after every window the bench ran: the memory phase's and every round's),
+and update_rel_l2_err_vs_fp32 = ||w - w_fp32|| / ||w_fp32 - w0||. The 16-bit
+variants are checked on the first against --tolerance-16 instead (AdamW
+moves a weight whose gradient is near zero by ~lr whatever the sign, so
+one weight can be far off where the whole is close; fused against foreach
+AdamW alone gives 1e-5 .. 1e-2 on it).
 
 Writes, under --out (default bench/results): torch2_bench.json (every
 record), torch2_bench.md (the tables docs/speed.md shows),
@@ -135,9 +158,21 @@ VARIANTS = ["compute_only", "compute_only_shard", "ddp_foreach", "ddp_fused", "d
             "sfsync_perbucket", "sfsync_final"]
 COMPUTE = ("compute_only", "compute_only_shard")
 SHARDED = ("compute_only_shard", "fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring", "zero_ddp",
-           "sfsync_sharded", "sfsync_sharded_final", "sfsync_sharded_owned")
+           "sfsync_sharded", "sfsync_sharded_final", "sfsync_sharded_owned",
+           "sfsync_bf16_sharded", "fsdp2_bf16_reduce")
+SFSYNC_SHARDED = ("sfsync_sharded", "sfsync_sharded_final", "sfsync_sharded_owned",
+                  "sfsync_bf16_sharded")
 DDPS = ("ddp_foreach", "ddp_fused", "ddp_fused_cap25", "ddp_fused_capsf")  # "best DDP" of these
 NOT_FUSED = ("ddp_foreach",)  # the foreach reference (the weight check's)
+# Issue 46, item 3: half the bytes on the wire, sfsync's 16-bit wire against
+# torch's own (opt-in: --variants and --smoke run them).
+BF16_VARIANTS = ["sfsync_bf16_perbucket", "sfsync_bf16_sharded", "ddp_bf16_hook",
+                 "fsdp2_bf16_reduce"]
+ALL_VARIANTS = VARIANTS + BF16_VARIANTS
+# The float32 variant each 16-bit one halves the bytes of (the 16-bit table
+# shows them side by side).
+BF16_OF = {"sfsync_bf16_perbucket": "sfsync_perbucket", "sfsync_bf16_sharded": "sfsync_sharded",
+           "ddp_bf16_hook": "ddp_fused_capsf", "fsdp2_bf16_reduce": "fsdp2_reshard"}
 MODELS = ["mlp", "transformer"]
 LR, WD = 1e-3, 0.01
 
@@ -147,7 +182,9 @@ def parse_args(argv=None):
     p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rates", nargs="+", default=["1gbit", "200mbit", "10gbit", "loopback"])
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
-    p.add_argument("--variants", nargs="+", default=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="default: every variant but the 16-bit ones (%s; --smoke: all)"
+                        % " ".join(BF16_VARIANTS))
     p.add_argument("--rounds", type=int, default=3,
                    help="runs: rounds of blocks, the variants' order rotated each round")
     p.add_argument("--windows", type=int, default=50,
@@ -169,6 +206,11 @@ def parse_args(argv=None):
                         "sharded_bucket_cap_mb sharded); DDP's caps are per variant")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="max abs weight difference from ddp_foreach")
+    p.add_argument("--tolerance-16", type=float, default=1.0,
+                   help="the 16-bit variants' check instead: the largest |w - w_ddp_foreach| "
+                        "over the float32 update's largest |w_ddp_foreach - w0| (a sanity "
+                        "bound: AdamW's steps on near-zero gradients move by ~lr whatever "
+                        "their sign, so single weights may differ by a good part of it)")
     p.add_argument("--fault", default=None, help="this variant gets 1.5x the learning rate")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="SF_TRACE of each sfsync variant: DIR/<model>-<variant>.rank<r>.json")
@@ -182,7 +224,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=3600,
                    help="seconds per launch (every model; 200 Mbit/s, 2 hosts: over 900)")
     p.add_argument("--smoke", action="store_true",
-                   help="loopback, 2 ranks, both models made small, 1 round of 2-window blocks")
+                   help="loopback, 2 ranks, both models made small, 2 rounds of 1-window blocks, "
+                        "every variant (the 16-bit ones too) unless --variants")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="no run: the records of these result files into one table and plot "
                         "(--name, default torch2_bench)")
@@ -190,9 +233,12 @@ def parse_args(argv=None):
     p.add_argument("--rate", default="loopback", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    bad = [v for v in a.variants if v not in VARIANTS]
+    if a.variants is None:
+        a.variants = ALL_VARIANTS if a.smoke else VARIANTS
+    bad = [v for v in a.variants if v not in ALL_VARIANTS]
     if bad:
-        p.error("--variants: unknown %s (choose from %s)" % (", ".join(bad), " ".join(VARIANTS)))
+        p.error("--variants: unknown %s (choose from %s)" % (", ".join(bad),
+                                                            " ".join(ALL_VARIANTS)))
     if "ddp_foreach" not in a.variants:
         p.error("--variants must include ddp_foreach (the reference of the check and ratios)")
     if a.fault is not None and a.fault not in a.variants:
@@ -276,8 +322,10 @@ def fsdp_units(kind, model):
 
 class Wire:
     """Per-rank bytes through the NIC (busier direction) of the collectives
-    that FSDP2 and ZeRO issue through torch.distributed's Python functions,
-    counted by wrapping them (ring algorithms: (W-1)/W of the whole buffer)."""
+    that FSDP2, ZeRO and DDP's Python comm hooks issue through
+    torch.distributed's Python functions, counted by wrapping them, in the
+    dtype they carry (ring algorithms: (W-1)/W of the whole buffer, an
+    all-reduce 2(W-1)/W)."""
 
     def __init__(self, dist, world):
         self.world, self.bytes, self.calls, self.dist, self.saved = world, 0, {}, dist, {}
@@ -289,6 +337,8 @@ class Wire:
         # parameters at W=2 and 2.25 x at W=4, one gather + one reduce-scatter
         # counted as (W-1)/W each would be 1.00 x and 1.50 x): 2(W-1)/W.
         for name, size, k in (("all_gather_into_tensor", out, 1), ("all_gather_single", out, 1),
+                              # DDP's Python comm hooks (ddp_overlap's, bf16_compress_hook)
+                              ("all_reduce", lambda a, k: _nbytes(_arg(a, k, 0, ("tensor",))), 2),
                               ("reduce_scatter_tensor", inp, 2), ("reduce_scatter_single", inp, 2),
                               ("broadcast", lambda a, k: _nbytes(_arg(a, k, 0, ("tensor",))), 1)):
             orig = getattr(dist, name, None)
@@ -404,7 +454,9 @@ def ddp_cap_mb(variant, model):
     its small first bucket)."""
     if variant == "ddp_fused_cap25":
         return 25.0
-    if variant == "ddp_fused_capsf":
+    if variant in ("ddp_fused_capsf", "ddp_bf16_hook"):
+        # ddp_bf16_hook: the cap of the DDP that was best in most of issue
+        # 35's rows (docs/speed.md: every transformer row, the MLP at 1 Gbit/s)
         from sfsync.torch.gradient_sync import sharded_bucket_cap_mb
         return sharded_bucket_cap_mb(list(model.parameters()))
     return None
@@ -419,6 +471,7 @@ class Runner:
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.model = _clone(base)
         self.sync = self.ddp = self.fsdp = None
+        self.hooked = False
         self.nullctx = contextlib.nullcontext
         lr = LR * (1.5 if a.fault == variant else 1.0)
         self.fused = a.fused and variant not in NOT_FUSED
@@ -442,33 +495,45 @@ class Runner:
             from sfsync import torch as sft
             if a.trace:
                 os.environ["SF_TRACE"] = os.path.join(a.trace, "%s-%s.json" % (a.model, variant))
-            sharded = variant.startswith("sfsync_sharded")
+            sharded = variant in SFSYNC_SHARDED
+            # sfsync_bf16_*: the 16-bit wire (the context's wire_dtype)
+            wire = {"wire_dtype": "bf16"} if variant.startswith("sfsync_bf16") else {}
             self.sync = sft.GradientSync(self.model, accumulation_steps=self.n,
                                          bucket_cap_mb=a.bucket_cap_mb,
                                          find_unused_parameters=False,
-                                         shard_optimizer=sharded, shard_layout="flat")
+                                         shard_optimizer=sharded, shard_layout="flat", **wire)
             os.environ.pop("SF_TRACE", None)
-            overlap = variant in ("sfsync_sharded", "sfsync_perbucket")
+            overlap = variant in ("sfsync_sharded", "sfsync_perbucket", "sfsync_bf16_perbucket",
+                                  "sfsync_bf16_sharded")
             whole = variant != "sfsync_sharded_owned"
             self.opt = self.sync.optimizer(torch.optim.AdamW, self.model.parameters(),
                                            overlap_step=overlap, whole_gradients=whole, **kw)
             self.config.update(shard_optimizer=sharded, overlap_step=overlap,
-                               whole_gradients=whole)
+                               whole_gradients=whole, wire_dtype=wire.get("wire_dtype"))
         elif variant.startswith("fsdp2"):
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             keep = variant.startswith("fsdp2_keep")
             units = fsdp_units(self.kind, self.model)
+            fkw = {"reshard_after_forward": not keep}
+            if variant == "fsdp2_bf16_reduce":
+                # reduce_dtype bf16 (the gradients reduce-scattered in bf16,
+                # float32 parameters), reshard_after_forward left to torch
+                # (None: True for the units, False for the root)
+                fkw = {"mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)}
             for m in units:
-                fully_shard(m, reshard_after_forward=not keep)
-            self.fsdp = fully_shard(self.model, reshard_after_forward=not keep)
+                fully_shard(m, **fkw)
+            self.fsdp = fully_shard(self.model, **fkw)
             self.ring = variant.endswith("_ring")
             if self.ring:
                 rs = RingReduceScatter()
                 for m in units + [self.model]:
                     m.set_custom_reduce_scatter(rs)
             self.opt = torch.optim.AdamW(self.model.parameters(), **kw)
-            self.config.update(reshard_after_forward=not keep, units=len(units) + 1,
-                               reduce_scatter="ring (all_to_all)" if self.ring else "torch's")
+            self.config.update(reshard_after_forward=fkw.get("reshard_after_forward"),
+                               units=len(units) + 1,
+                               reduce_scatter="ring (all_to_all)" if self.ring else "torch's",
+                               reduce_dtype=str(fkw["mp_policy"].reduce_dtype)
+                               if "mp_policy" in fkw else None)
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
             cap = ddp_cap_mb(variant, self.model)
@@ -479,7 +544,14 @@ class Runner:
                            **({} if cap is None else {"bucket_cap_mb": cap}))
             self.module = self.ddp
             self.config.update(bucket_cap_mb=cap, gradient_as_bucket_view=True,
-                               static_graph=False)
+                               static_graph=False, comm_hook=None)
+            # a DDP whose buckets go through a Python comm hook: its bytes are
+            # the hook's all_reduce calls (Wire), not DDP's bucket sizes
+            self.hooked = variant in ("ddp_overlap", "ddp_bf16_hook")
+            if variant == "ddp_bf16_hook":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+                self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+                self.config["comm_hook"] = "bf16_compress_hook"
             if variant == "zero_ddp":
                 from torch.distributed.optim import ZeroRedundancyOptimizer
                 self.opt = ZeroRedundancyOptimizer(self.ddp.parameters(),
@@ -542,13 +614,16 @@ class Runner:
             if st["windows_completed"] != windows:
                 raise RuntimeError("%s: %d windows completed, %d run" % (
                     self.variant, st["windows_completed"], windows))
-            if self.variant.startswith("sfsync_sharded"):
-                return f * (st["bytes_reduced"] + st["bytes_gathered"]) / windows
-            return 2 * f * st["bytes_reduced"] / windows
+            # the payload in the dtype it travelled in (sf_stats' wire
+            # counts: a 16-bit wire's buckets 2 bytes an element)
+            moved = st["wire_gradient_bytes"] + st["wire_parameter_bytes"]
+            if self.variant in SFSYNC_SHARDED:
+                return f * moved / windows
+            return 2 * f * moved / windows
         b = 0.0
-        if self.fsdp is not None or self.variant == "zero_ddp":
+        if self.fsdp is not None or self.variant == "zero_ddp" or self.hooked:
             b = wire[self.variant] / counted
-        if self.ddp is not None:
+        if self.ddp is not None and not self.hooked:
             b += 2 * f * self.ddp_bucket_bytes()
         return b
 
@@ -739,8 +814,12 @@ def run_model(a, rank, world):
             wire[r.variant] += counter.bytes - before
         data.clear()
     WIRE[0] = None
-    # Correctness: every synchronized variant's weights against ddp_foreach's.
+    # Correctness: every synchronized variant's weights against ddp_foreach's
+    # (the float32 run), also relative to its update (16-bit variants).
     ref = next(r for r in runners if r.variant == "ddp_foreach").full_weights()
+    w0 = torch.cat([p.detach().reshape(-1) for p in base.parameters()])
+    update = (ref - w0).abs().max().item()  # the float32 update's largest |dw|
+    update_l2 = (ref - w0).norm().item()
     results = []
     for r in runners:
         t = torch.tensor(times[r.variant], dtype=torch.float64)
@@ -773,19 +852,33 @@ def run_model(a, rank, world):
             dist.all_reduce(q, op=dist.ReduceOp.MAX)
             rec["nic_bytes_per_window_median_max_rank"] = int(q.item())
         if r.variant in COMPUTE:
-            rec["weights_max_abs_diff_vs_ddp"] = None
+            rec["weights_max_abs_diff_vs_ddp"] = rec["update_rel_err_vs_fp32"] = None
+            rec["update_rel_l2_err_vs_fp32"] = None
             if r.variant == "compute_only_shard":
                 rec["stepped_elements"] = r.step_elems
         else:
-            d = torch.tensor([(r.full_weights() - ref).abs().max().item()], dtype=torch.float64)
+            diff = r.full_weights() - ref
+            d = torch.tensor([diff.abs().max().item(), diff.norm().item()], dtype=torch.float64)
             dist.all_reduce(d, op=dist.ReduceOp.MAX)
-            rec["weights_max_abs_diff_vs_ddp"] = d.item()
+            rec["weights_max_abs_diff_vs_ddp"] = d[0].item()
+            # the update's error against the float32 run: its largest
+            # element (issue 46), and as a whole (L2: the typical error)
+            rec["update_rel_err_vs_fp32"] = d[0].item() / update if update > 0 else None
+            rec["update_rel_l2_err_vs_fp32"] = d[1].item() / update_l2 if update_l2 > 0 else None
         if r.sync is not None:
             st = r.stats()
             rec["stats"] = {k: st[k] for k in ("collectives_issued", "bytes_reduced",
                                                "reduce_scatters", "all_gathers",
                                                "bytes_gathered", "bucket_count",
-                                               "windows_completed")}
+                                               "windows_completed", "wire_gradient_bytes",
+                                               "wire_parameter_bytes")}
+            # what the reductions travelled as: 2 bytes an element on a
+            # 16-bit wire (sf_stats' payload, less the gradient gathers',
+            # over the float32 bytes reduced)
+            grad_gathers = st["bytes_gathered"] - st["wire_parameter_bytes"]
+            rec["gradient_wire_bytes_per_element"] = round(
+                4.0 * (st["wire_gradient_bytes"] - grad_gathers) / st["bytes_reduced"], 3) \
+                if st["bytes_reduced"] else None
         if r.ddp is not None:
             rec["ddp_bucket_bytes"] = r.ddp_bucket_bytes()
             rec["ddp_layout"] = ddp_layout(r)
@@ -799,7 +892,9 @@ def run_model(a, rank, world):
             "gradient_bytes": common.gradient_bytes(base), "rounds": a.rounds,
             "windows": a.windows, "fused": a.fused, "fused_reason": a.fused_reason,
             "torch": torch.__version__, "sfsync": sfsync.version(),
-            "collective_calls": counter.calls, "tolerance": a.tolerance, "bucket_cap_mb": a.bucket_cap_mb,
+            "collective_calls": counter.calls, "tolerance": a.tolerance,
+            "tolerance_16": a.tolerance_16, "float32_update_max_abs": update,
+            "bucket_cap_mb": a.bucket_cap_mb,
             "results": results, "load_worker_end": os.getloadavg()}
 
 
@@ -928,6 +1023,9 @@ def derive(rec, seed=35):
              ("sfsync_sharded_final", "sfsync_sharded", "sharded_final_vs_sharded"),
              ("sfsync_sharded_owned", "sfsync_sharded", "sharded_owned_vs_sharded"),
              ("sfsync_sharded", "zero_ddp", "sharded_vs_zero")]
+    # issue 46's 16-bit rows: sfsync's wire against torch's two
+    pairs += [(v, b, "%s_vs_%s" % (v, b)) for v in BF16_VARIANTS[:2]
+              for b in ("ddp_bf16_hook", "fsdp2_bf16_reduce")]
     fsdp = [v for v in ("fsdp2_reshard", "fsdp2_keep", "fsdp2_keep_ring") if v in ms]
     if fsdp:
         pairs.append(("sfsync_sharded", min(fsdp, key=lambda v: ms[v]), "sharded_vs_best_fsdp2"))
@@ -959,9 +1057,19 @@ def derive(rec, seed=35):
     rec["cpu_ratios"] = cpu_rat
     rec["extra"] = extra
     rec["targets"] = targets(rec)
+    rec["bf16_targets"] = bf16_targets(rec)
     fails = []
     for r in rec["results"]:
         d = r["weights_max_abs_diff_vs_ddp"]
+        if r["variant"] in BF16_VARIANTS:
+            # half the bytes, a stated error: judged relative to the update
+            e, tol = r.get("update_rel_err_vs_fp32"), rec.get("tolerance_16")
+            r["weights_agree"] = None if e is None else bool(e <= tol)
+            if e is not None and not e <= tol:
+                fails.append("%s N=%d %s %s: update %.3g off the float32 run's "
+                             "(tolerance %g relative)" % (rec["model"], rec["hosts"],
+                                                         link_of(rec), r["variant"], e, tol))
+            continue
         r["weights_agree"] = None if d is None else bool(d <= rec["tolerance"])
         if d is not None and not d <= rec["tolerance"]:
             fails.append("%s N=%d %s %s: weights %.3g off DDP's (tolerance %g)" % (
@@ -974,6 +1082,30 @@ TARGETS = [("sfsync_sharded_vs_best_ddp", 0.90, "sharded <= 0.90 x best DDP, int
            ("sfsync_sharded_owned_vs_best_ddp", 1.00,
             "default sharded, readers owned (no gather) <= 1.00 x best DDP"),
            ("perbucket_vs_ddp_overlap", 1.00, "per-bucket <= 1.00 x DDP's overlapped optimizer")]
+
+
+def bf16_targets(rec):
+    """Issue 46 item 3's target, per sfsync 16-bit variant: ahead of both
+    torch 16-bit variants in wall time (interval below 1.0) with an update
+    error no larger than theirs (met only where both peers ran)."""
+    res = {r["variant"]: r for r in rec["results"]}
+    peers = ("ddp_bf16_hook", "fsdp2_bf16_reduce")
+    out = []
+    for v in BF16_VARIANTS[:2]:
+        if v not in res or not all(p in res for p in peers):
+            continue
+        cs = [rec["ratios"]["%s_vs_%s" % (v, p)]["all"] for p in peers]
+        err = res[v].get("update_rel_err_vs_fp32")
+        errs = [res[p].get("update_rel_err_vs_fp32") for p in peers]
+        err_ok = err is not None and None not in errs and err <= min(errs)
+        # where the gradients travelled as float32 (sfsync_bf16_sharded:
+        # no 16-bit reduce-scatter) the row is not a 16-bit one: said so
+        per = res[v].get("gradient_wire_bytes_per_element")
+        out.append({"variant": v, "ratios": dict(zip(peers, cs)), "update_rel_err": err,
+                    "peer_update_rel_err": dict(zip(peers, errs)), "error_ok": err_ok,
+                    "gradient_wire_bytes_per_element": per,
+                    "met": err_ok and all(c[2] < 1.0 for c in cs) and per == 2.0})
+    return out
 
 
 def targets(rec):
@@ -999,7 +1131,8 @@ COLUMNS = [("ms_per_window_median", "ms/window", "%.0f"), ("vs_best_ddp", "x bes
            ("exposed_ms", "exposed ms", "%.0f"), ("exposed_over_wire", "exposed/wire", "%.2f"),
            ("exposed_bound_over_wire", "bound exposed/wire", "%.2f"),
            ("memory_bytes_max_rank", "memory MB/rank", "%.1f"),
-           ("weights_max_abs_diff_vs_ddp", "max abs diff vs DDP", "%.1e")]
+           ("weights_max_abs_diff_vs_ddp", "max abs diff vs DDP", "%.1e"),
+           ("update_rel_err_vs_fp32", "update err vs fp32", "%.1e")]
 
 
 def cell(key, fmt, r):
@@ -1023,7 +1156,8 @@ def iv_text(iv):
 
 
 def present(records):
-    return [v for v in VARIANTS if any(x["variant"] == v for r in records for x in r["results"])]
+    return [v for v in ALL_VARIANTS
+            if any(x["variant"] == v for r in records for x in r["results"])]
 
 
 def ms_table(records, key="ms_per_window_ci", fmt="%.0f [%.0f, %.0f]"):
@@ -1080,6 +1214,7 @@ def tables(records):
                     rec["model"], rec["hosts"], link_of(rec), k.split("_vs_")[0], c["base"],
                     iv_text(c["all"]), verdict(c["all"]),
                     "; ".join(iv_text(x) for x in c.get("per_run", []))))
+    lines += bf16_table(records)
     lines += ["", "Issue 35's targets:", "", "| model | N | link | target | ratio | met |",
               "|---|---|---|---|---|---|"]
     for rec in records:
@@ -1117,6 +1252,51 @@ def tables(records):
     return "\n".join(lines)
 
 
+def bf16_table(records):
+    """Issue 46's 16-bit rows (where a record has them): wall, CPU, bytes and
+    the update's error, and sfsync's wire against torch's two."""
+    recs = [r for r in records if any(x["variant"] in BF16_VARIANTS for x in r["results"])]
+    if not recs:
+        return []
+    lines = ["", "The 16-bit wire (issue 46): ms and CPU-ms per window [95 % interval], "
+             "wire MB per rank and window (in the dtype carried), the update's error against "
+             "the float32 run (ddp_foreach): max = largest |w - w_fp32| over the float32 "
+             "update's largest |w_fp32 - w0|, L2 = ||w - w_fp32|| / ||w_fp32 - w0||:", "",
+             "| model | N | link | variant | ms/window | CPU ms/window/rank | wire MB/rank | "
+             "update err max | update err L2 | / ddp_bf16_hook | / fsdp2_bf16_reduce |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for rec in recs:
+        for r in rec["results"]:
+            v = r["variant"]
+            if v not in BF16_VARIANTS and v not in BF16_OF.values():
+                continue
+            ci = lambda k, f: f % tuple(r[k]) if r.get(k) else "-"  # noqa: E731
+            vs = [rec["ratios"].get("%s_vs_%s" % (v, b)) for b in ("ddp_bf16_hook",
+                                                                  "fsdp2_bf16_reduce")]
+            lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                rec["model"], rec["hosts"], link_of(rec), v,
+                ci("ms_per_window_ci", "%.0f [%.0f, %.0f]"),
+                ci("cpu_ms_per_window_ci", "%.1f [%.1f, %.1f]"),
+                cell("wire_bytes_per_rank_window", "%.2f", r),
+                cell("update_rel_err_vs_fp32", "%.1e", r),
+                cell("update_rel_l2_err_vs_fp32", "%.1e", r), " | ".join(
+                    "-" if c is None else "%s %s" % (iv_text(c["all"]), verdict(c["all"]))
+                    for c in vs)))
+    lines += ["", "Issue 46's 16-bit target (ahead of both in wall time, interval below 1, "
+              "with an update error no larger than theirs):", "",
+              "| model | N | link | variant | / ddp_bf16_hook | / fsdp2_bf16_reduce | "
+              "error no larger | met |", "|---|---|---|---|---|---|---|---|"]
+    for rec in recs:
+        for t in rec.get("bf16_targets", []):
+            lines.append("| %s | %d | %s | %s | %s | %s | %s | %s |" % (
+                rec["model"], rec["hosts"], link_of(rec), t["variant"] + (
+                    "" if t.get("gradient_wire_bytes_per_element") == 2.0 else
+                    " (float32 on the wire)"),
+                iv_text(t["ratios"]["ddp_bf16_hook"]), iv_text(t["ratios"]["fsdp2_bf16_reduce"]),
+                "yes" if t["error_ok"] else "no", "met" if t["met"] else "not met"))
+    return lines
+
+
 STYLE = {"compute_only": ("k", ".", ":"), "compute_only_shard": ("0.5", ".", ":"),
          "ddp_foreach": ("C1", "o", ":"), "ddp_fused": ("C1", "o", "-"),
          "ddp_fused_cap25": ("C1", "s", "--"), "ddp_fused_capsf": ("C1", "^", "-."),
@@ -1125,7 +1305,10 @@ STYLE = {"compute_only": ("k", ".", ":"), "compute_only_shard": ("0.5", ".", ":"
          "zero_ddp": ("C4", "v", "-"), "sfsync_sharded": ("C0", "o", "-"),
          "sfsync_sharded_final": ("C0", "^", ":"), "sfsync_sharded_owned": ("C0", "s", "--"),
          "sfsync_perbucket": ("C2", "s", "--"),
-         "sfsync_final": ("C2", "^", ":")}
+         "sfsync_final": ("C2", "^", ":"),
+         # 16-bit: their float32 counterpart's colour, a marker of their own
+         "sfsync_bf16_perbucket": ("C2", "P", "-"), "sfsync_bf16_sharded": ("C0", "P", "-"),
+         "ddp_bf16_hook": ("C1", "P", "-"), "fsdp2_bf16_reduce": ("C3", "P", "-")}
 
 
 def plot(records, variants, path):
@@ -1203,7 +1386,8 @@ def smoke_check(records, variants):
             empty_ok = set()
             if v in COMPUTE:
                 empty_ok |= {"wire_ms", "exposed_ms", "exposed_over_wire",
-                             "exposed_bound_over_wire", "weights_max_abs_diff_vs_ddp"}
+                             "exposed_bound_over_wire", "weights_max_abs_diff_vs_ddp",
+                             "update_rel_err_vs_fp32"}
             if rec["rate"] == "loopback":  # no link rate to divide by
                 empty_ok |= {"wire_ms", "exposed_over_wire", "exposed_bound_over_wire"}
             for k, _, _ in COLUMNS:
@@ -1220,6 +1404,8 @@ def smoke_check(records, variants):
             want = {"sfsync_final": 2 * f * g, "sfsync_perbucket": 2 * f * g,
                     "sfsync_sharded": 2 * f * g, "sfsync_sharded_owned": 2 * f * g,
                     "fsdp2_keep_ring": 2 * f * g,
+                    # an all-reduce of the gradients in bf16: half DDP's bytes
+                    "sfsync_bf16_perbucket": f * g, "ddp_bf16_hook": f * g,
                     "compute_only": 0, "compute_only_shard": 0}.get(v)
             if v in DDPS or v == "ddp_overlap":
                 want = 2 * f * g
@@ -1227,6 +1413,24 @@ def smoke_check(records, variants):
             if want is not None and abs(b - want) > 0.01 * max(want, 1):
                 errs.append("%s %s: %.0f wire bytes per window, want %.0f" % (
                     rec["model"], v, b, want))
+            if v == "sfsync_bf16_sharded":
+                        # sharded buckets travel in their own dtype (include/sfsync.h,
+                # "Sharded windows": wire_dtype does not apply): float32's
+                # bytes, or half where a 16-bit reduce-scatter exists
+                per = r.get("gradient_wire_bytes_per_element")
+                if per not in (2.0, 4.0) or abs(b - per / 4 * 2 * f * g) > 0.01 * f * g:
+                    errs.append("%s %s: %.0f wire bytes per window at %s bytes an element" % (
+                        rec["model"], v, b, per))
+            if v == "sfsync_bf16_perbucket" and r.get("gradient_wire_bytes_per_element") != 2.0:
+                errs.append("%s %s: the gradients travelled at %s bytes an element, want 2" % (
+                    rec["model"], v, r.get("gradient_wire_bytes_per_element")))
+            if v in BF16_VARIANTS and r.get("gradient_wire_bytes_per_element") != 4.0:
+                # a 16-bit error, not none (each rank's bf16 rounding shows)
+                # and within --tolerance-16 (derive's check)
+                for k in ("update_rel_err_vs_fp32", "update_rel_l2_err_vs_fp32"):
+                    e = r.get(k)
+                    if e is None or not e > 0:
+                        errs.append("%s %s: %s %s, want > 0" % (rec["model"], v, k, e))
             if v.startswith("fsdp2") or v in ("zero_ddp", "sfsync_sharded_final"):
                 # FSDP2 gathers the parameters in forward (and backward once
                 # resharded) and reduce-scatters once: at least 2 x f x g.
@@ -1262,7 +1466,9 @@ def config_errors(rec, r):
     if c["optimizer"].split(" ")[0] != ("AdamW(fused=True)" if fused else "AdamW(foreach=True)"):
         errs.append(where + "optimizer %s" % c["optimizer"])
     lay = r.get("ddp_layout")
-    if v in DDPS or v in ("ddp_overlap", "zero_ddp"):
+    if (c.get("comm_hook") == "bf16_compress_hook") != (v == "ddp_bf16_hook"):
+        errs.append(where + "comm hook %s" % c.get("comm_hook"))
+    if v in DDPS or v in ("ddp_overlap", "zero_ddp", "ddp_bf16_hook"):
         if lay is None:
             return errs + [where + "no DDP layout"]
         if not lay["has_rebuilt_buckets"] or not lay["rebuilt_bucket_sizes"]:
@@ -1283,6 +1489,10 @@ def config_errors(rec, r):
     if v.startswith("fsdp2"):
         want = (not v.startswith("fsdp2_keep"), "ring (all_to_all)" if v.endswith("_ring")
                 else "torch's")
+        if v == "fsdp2_bf16_reduce":  # torch's default (None), reduce_dtype bf16
+            want = (None, "torch's")
+        if c["reduce_dtype"] != ("torch.bfloat16" if v == "fsdp2_bf16_reduce" else None):
+            errs.append(where + "reduce_dtype %s" % c["reduce_dtype"])
         if (c["reshard_after_forward"], c["reduce_scatter"]) != want:
             errs.append(where + "reshard_after_forward %s, reduce-scatter %s, want %s" % (
                 c["reshard_after_forward"], c["reduce_scatter"], want))
@@ -1290,11 +1500,14 @@ def config_errors(rec, r):
         if v.endswith("_ring") and calls == 0:
             errs.append(where + "the custom reduce-scatter was never called")
     if v.startswith("sfsync"):
-        want = (v.startswith("sfsync_sharded"), v in ("sfsync_sharded", "sfsync_perbucket"),
-                v != "sfsync_sharded_owned")
-        if (c["shard_optimizer"], c["overlap_step"], c["whole_gradients"]) != want:
-            errs.append(where + "shard_optimizer %s overlap_step %s whole_gradients %s" % (
-                c["shard_optimizer"], c["overlap_step"], c["whole_gradients"]))
+        want = (v in SFSYNC_SHARDED, v in ("sfsync_sharded", "sfsync_perbucket") or
+                v.startswith("sfsync_bf16"), v != "sfsync_sharded_owned",
+                "bf16" if v.startswith("sfsync_bf16") else None)
+        if (c["shard_optimizer"], c["overlap_step"], c["whole_gradients"],
+                c["wire_dtype"]) != want:
+            errs.append(where + "shard_optimizer %s overlap_step %s whole_gradients %s "
+                        "wire_dtype %s" % (c["shard_optimizer"], c["overlap_step"],
+                                           c["whole_gradients"], c["wire_dtype"]))
     return errs
 
 
@@ -1443,6 +1656,7 @@ def main(argv=None):
         argv = [a.python, os.path.abspath(__file__), "--worker", "--rate", rate,
                 "--rounds", str(a.rounds), "--windows", str(a.windows),
                 "--micro-batches", str(a.micro_batches), "--tolerance", str(a.tolerance),
+                "--tolerance-16", str(a.tolerance_16),
                 "--models"] + a.models + ["--variants"] + a.variants
         if a.bucket_cap_mb is not None:
             argv += ["--bucket-cap-mb", str(a.bucket_cap_mb)]
