@@ -6,6 +6,7 @@
     /usr/bin/python3 bench/torch2_bench.py --smoke                # loopback, 2 ranks, seconds
     sudo /usr/bin/python3 bench/torch2_bench.py --grid           # issue 35's grid (GRID below)
     /usr/bin/python3 bench/torch2_bench.py --grid --estimate      # its plan and wall-time estimate
+    sudo /usr/bin/python3 bench/torch2_bench.py --grid fast      # issue 46's rows (FAST_GRID)
 
 Since issue 35 (docs/speed.md, "The rules since issue 35", is the reference;
 where the text below differs, it wins): DDP variants use torch's default
@@ -54,7 +55,8 @@ every variant on the same model copy, data, micro-batches and optimizer
                      the last backward returns, then one step
   sfsync_perbucket   GradientSync + sync.optimizer(AdamW, overlap_step=True)
 
-Half the bytes (issue 46, item 3; opt-in: --variants and --smoke run them; each judged against the float32 run, ddp_foreach):
+Half the bytes (issue 46, item 3; opt-in: --variants, --smoke and --grid
+fast run them; each judged against the float32 run, ddp_foreach):
 
   sfsync_bf16_perbucket  sfsync_perbucket with wire_dtype="bf16" (sfsync's
                      16-bit wire: float32 partial sums, bf16 on the wire)
@@ -129,7 +131,10 @@ record), torch2_bench.md (the tables docs/speed.md shows),
 torch2_bench_<model>.png (ms per window vs link rate, and below it the
 CPU-ms per window per rank, python3-matplotlib);
 --grid writes one torch2_grid_<model>_<hosts>_<rate>.{json,md} per launch
-and merges them into those; --smoke writes torch2_bench_smoke.*
+and merges them into those; --grid fast one torch2_fast_<...>.{json,md} per
+launch, merged into torch2_fast.{json,md,png} (the tables of docs/speed.md's
+issue-46 section; its "grid" entry: the estimate and the time taken, per
+launch and in all); --smoke writes torch2_bench_smoke.*
 and checks that every column was produced (the CPU-ms of every variant's
 every timed window > 0 among them). Exit status 77 when clusters
 cannot run here. A benchmark, not a test: the machine is shared, the numbers
@@ -165,12 +170,13 @@ SFSYNC_SHARDED = ("sfsync_sharded", "sfsync_sharded_final", "sfsync_sharded_owne
 DDPS = ("ddp_foreach", "ddp_fused", "ddp_fused_cap25", "ddp_fused_capsf")  # "best DDP" of these
 NOT_FUSED = ("ddp_foreach",)  # the foreach reference (the weight check's)
 # Issue 46, item 3: half the bytes on the wire, sfsync's 16-bit wire against
-# torch's own (opt-in: --variants and --smoke run them).
+# torch's own (opt-in: --variants, --smoke and --grid fast run them).
 BF16_VARIANTS = ["sfsync_bf16_perbucket", "sfsync_bf16_sharded", "ddp_bf16_hook",
                  "fsdp2_bf16_reduce"]
 ALL_VARIANTS = VARIANTS + BF16_VARIANTS
 # The float32 variant each 16-bit one halves the bytes of (the 16-bit table
-# shows them side by side).
+# shows them side by side; --grid fast's estimate takes the counterpart's
+# cost where no 16-bit run was recorded).
 BF16_OF = {"sfsync_bf16_perbucket": "sfsync_perbucket", "sfsync_bf16_sharded": "sfsync_sharded",
            "ddp_bf16_hook": "ddp_fused_capsf", "fsdp2_bf16_reduce": "fsdp2_reshard"}
 MODELS = ["mlp", "transformer"]
@@ -194,9 +200,10 @@ def parse_args(argv=None):
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="do not pin rank r to core r %% cores")
     p.add_argument("--seed", type=int, default=35, help="the bootstrap's seed")
-    p.add_argument("--grid", action="store_true",
-                   help="the issue-35 grid (see the module docstring): prints its plan and "
-                        "estimate, then runs it")
+    p.add_argument("--grid", nargs="?", const="issue35", choices=sorted(GRIDS),
+                   help="a grid of launches (see the module docstring): issue35 (the "
+                        "default) or fast (issue 46's rows); prints its plan and estimate, "
+                        "then runs it")
     p.add_argument("--estimate", action="store_true", help="with --grid: the plan only")
     p.add_argument("--resume", action="store_true",
                    help="with --grid: keep the launches whose JSON is already under --out")
@@ -1585,41 +1592,164 @@ GRID = [([2, 4], ["1gbit"], ["mlp"], [v for v in VARIANTS if v != "sfsync_sharde
 EST = {"mlp": (38.0, 9.49e6), "transformer": (450.0, 46.4e6)}
 
 
-def estimate_s(hosts, rate, model, variants, windows, rounds):
+def window_ms(hosts, rate, model, v):
+    """The issue-35 estimate's ms per window of variant v (EST above)."""
     comp, g = EST[model]
     comp *= max(1.0, hosts / 2.0)
     bps = rate_bytes_per_s(rate)
-    total = 25.0
-    for v in variants:
-        wire = 0.0 if bps is None or v in COMPUTE else 2 * (hosts - 1) / hosts * g / bps * 1e3
-        if v.startswith("fsdp2") or v in ("zero_ddp", "sfsync_sharded_final"):
-            wire *= 1.5
-        total += (comp + 0.6 * wire) * (rounds * (windows + 1) + 2) / 1e3
-    return total
+    wire = 0.0 if bps is None or v in COMPUTE else 2 * (hosts - 1) / hosts * g / bps * 1e3
+    if v.startswith("fsdp2") or v in ("zero_ddp", "sfsync_sharded_final"):
+        wire *= 1.5
+    if v in BF16_VARIANTS and not v.startswith("fsdp2"):
+        wire *= 0.5
+    return comp + 0.6 * wire
+
+
+def estimate_s(hosts, rate, model, variants, windows, rounds):
+    return 25.0 + sum(window_ms(hosts, rate, model, v) * (rounds * (windows + 1) + 2) / 1e3
+                      for v in variants)
+
+
+# Issue 46's rows, one command (--grid fast): item 2's fast-wire rows (2
+# hosts, 10 Gbit/s and loopback, both models: the sfsync modes that move
+# DDP's bytes against every DDP of the best-DDP set) and item 3's 16-bit rows
+# (2 hosts, 1 and 10 Gbit/s, both models: sfsync's bf16 wire per-bucket and
+# sharded, DDP's bf16_compress_hook, FSDP2's reduce_dtype bf16; ddp_foreach
+# is the float32 run the update's error is taken against, and the float32
+# counterparts of sfsync's and the hook's DDP stand beside them).
+FAST_VARIANTS = list(DDPS) + ["sfsync_perbucket", "sfsync_sharded", "sfsync_sharded_owned"]
+FAST_BF16_VARIANTS = ["ddp_foreach", "ddp_fused_capsf", "sfsync_perbucket",
+                      "sfsync_sharded"] + BF16_VARIANTS
+FAST_GRID = [([2], ["10gbit", "loopback"], ["mlp"], FAST_VARIANTS, 50, 3),
+             ([2], ["10gbit", "loopback"], ["transformer"], FAST_VARIANTS, 50, 3),
+             ([2], ["1gbit", "10gbit"], ["mlp"], FAST_BF16_VARIANTS, 50, 3, "bf16"),
+             ([2], ["1gbit", "10gbit"], ["transformer"], FAST_BF16_VARIANTS, 50, 3, "bf16")]
+# name: (parts, the launches' file stem, the merged file's name)
+GRIDS = {"issue35": (GRID, "torch2_grid", "torch2_bench"),
+         "fast": (FAST_GRID, "torch2_fast", "torch2_fast")}
+# The fast grid's estimate is taken from recorded launches (Costs below); a
+# launch's driver work outside its ranks' run (derive's bootstraps, the
+# tables, the plot) adds DRIVER_S, and so does each launch again in the final
+# merge (measured: --merge of one issue-35 launch, 1.2 s MLP, 1.5 s
+# transformer, at load ~2).
+DRIVER_S = 2.0
+
+
+class Costs:
+    """Per-row costs from recorded results, for the fast grid's estimate.
+
+    A launch's seconds = its fixed cost + the sum over its variants of
+    (windows it runs: 2 of the memory phase + runs x (windows + 1)) x the
+    variant's ms per window in that row (model, hosts, rate), + DRIVER_S.
+    The ms per window, first found of:
+      1. the variant's median in a recorded launch of the row (the newest
+         source first: --out's torch2_fast.json, then bench/results'
+         torch2_bench.json, issue 35's grid);
+      2. a 16-bit variant without one: its float32 counterpart's (BF16_OF),
+         less half the counterpart's exposed wire time (half the bytes);
+      3. ddp_foreach's ms in the row x the variant's ratio to ddp_foreach in
+         the nearest recorded row (same model and hosts, then the other model;
+         same rate first);
+      4. estimate_s's model (the issue-35 grid's estimate).
+    The fixed cost: the median over recorded launches of the same model of
+    their wall time less their windows' (start-up, imports, the memory
+    phase's barriers, the weight check)."""
+
+    def __init__(self, paths):
+        self.rows, fixed = {}, {}
+        for path in paths:
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                doc = json.load(f)
+            for rec in doc["records"]:
+                if rec.get("small"):
+                    continue
+                key = (rec["model"], rec["hosts"], rec["rate"])
+                row = self.rows.setdefault(key, {})
+                for r in rec["results"]:
+                    row.setdefault(r["variant"], r)
+                used = sum(r["windows_run"] * r["ms_per_window_median"] / 1e3
+                           for r in rec["results"])
+                if rec.get("run_s"):
+                    fixed.setdefault(rec["model"], []).append(rec["run_s"] - used)
+        self.fixed = {m: statistics.median(x) for m, x in fixed.items()}
+        self.sources = [p for p in paths if os.path.exists(p)]
+
+    def ms(self, v, model, hosts, rate):
+        """(ms per window, how it was found: 1-4 as in the class docstring)."""
+        got = self.rows.get((model, hosts, rate), {}).get(v)
+        if got is not None:
+            return got["ms_per_window_median"], 1
+        if v in BF16_OF:
+            cp = self.rows.get((model, hosts, rate), {}).get(BF16_OF[v])
+            m, _ = self.ms(BF16_OF[v], model, hosts, rate)
+            if cp is not None and cp.get("wire_ms") and cp.get("exposed_ms") is not None:
+                m -= 0.5 * min(max(cp["exposed_ms"], 0.0), cp["wire_ms"])
+            return m, 2
+        ref = self.rows.get((model, hosts, rate), {}).get("ddp_foreach")
+        if ref is not None:
+            other = [x for x in MODELS if x != model]
+            for m2 in [model] + other:
+                for r2 in [rate] + RATES + ["loopback"]:
+                    row = self.rows.get((m2, hosts, r2), {})
+                    if v in row and "ddp_foreach" in row:
+                        k = row[v]["ms_per_window_median"] / row["ddp_foreach"][
+                            "ms_per_window_median"]
+                        return ref["ms_per_window_median"] * k, 3
+        return window_ms(hosts, rate, model, v), 4
+
+    def launch_s(self, hosts, rate, model, variants, windows, rounds):
+        """(seconds, {variant: how its ms was found})."""
+        total, how = self.fixed.get(model, 25.0) + DRIVER_S, {}
+        for v in variants:
+            m, how[v] = self.ms(v, model, hosts, rate)
+            total += (2 + rounds * (windows + 1)) * m / 1e3
+        return total, how
 
 
 def grid(a):
-    """Runs GRID (one launch per model, host count and rate: a JSON each
-    under --out), then merges them into torch2_bench.{json,md} and the plots.
-    Prints the plan and its estimate first; --estimate stops there."""
+    """Runs the grid a.grid names (GRIDS: one launch per part, model, host
+    count and rate: a JSON each under --out), then merges them into one
+    {json,md,png} (issue35: torch2_bench; fast: torch2_fast). Prints the
+    plan and its estimate first (--estimate stops there) and, at the end,
+    the time it took against the estimate (also in the merged JSON's
+    "grid")."""
+    parts, stem, merged = GRIDS[a.grid]
+    costs = None
+    if a.grid == "fast":
+        costs = Costs([os.path.join(a.out, merged + ".json"),
+                       os.path.join(ROOT, "bench", "results", "torch2_bench.json")])
+        print("plan: per-row costs from %s (a launch: fixed %s s + windows x ms per window "
+              "+ %.0f s; see Costs)" % (", ".join(costs.sources) or "no recorded results",
+                                        ", ".join("%s %.0f" % kv for kv in sorted(
+                                            costs.fixed.items())) or "25", DRIVER_S))
     plan, total = [], 0.0
-    for hosts, rates, models, variants, windows, rounds, *tag in GRID:
+    for hosts, rates, models, variants, windows, rounds, *tag in parts:
         for n in hosts:
             for rate in rates:
                 for model in models:
-                    t = estimate_s(n, rate, model, variants, windows, rounds)
+                    how = None
+                    if costs is None:
+                        t = estimate_s(n, rate, model, variants, windows, rounds)
+                    else:
+                        t, how = costs.launch_s(n, rate, model, variants, windows, rounds)
                     total += t
                     plan.append((n, rate, model, variants, windows, rounds, t,
                                  tag[0] if tag else None))
-                    print("plan: %s N=%d %-8s %2d variants x %d windows x %d runs  ~%4.0f s" % (
-                        model, n, rate, len(variants), windows, rounds, t))
+                    print("plan: %s N=%d %-8s %2d variants x %d windows x %d runs  ~%4.0f s%s" % (
+                        model, n, rate, len(variants), windows, rounds, t, "" if how is None else
+                        "  (ms per window found by rule %s)" % "".join(
+                            str(how[v]) for v in variants)))
+    if costs is not None:
+        total += DRIVER_S * len(plan)  # the final merge
     print("plan: %d launches, estimated %.0f min on this machine" % (len(plan), total / 60),
           flush=True)
     if a.estimate:
         return 0
-    names, failed = [], []
-    for n, rate, model, variants, windows, rounds, _, tag in plan:
-        name = "torch2_grid_%s_%d_%s%s" % (model, n, rate, "_" + tag if tag else "")
+    names, failed, took, started = [], [], [], time.monotonic()
+    for n, rate, model, variants, windows, rounds, est, tag in plan:
+        name = "%s_%s_%d_%s%s" % (stem, model, n, rate, "_" + tag if tag else "")
         names.append(os.path.join(a.out, name + ".json"))
         if a.resume and os.path.exists(names[-1]):
             print("grid: %s exists (--resume): kept" % names[-1], flush=True)
@@ -1632,11 +1762,25 @@ def grid(a):
         a.port += 40
         start = time.monotonic()
         rc = main(argv)
-        print("grid: %s rc %d in %.0f s" % (name, rc, time.monotonic() - start), flush=True)
+        took.append({"launch": name, "estimate_s": round(est, 1),
+                     "actual_s": round(time.monotonic() - start, 1), "rc": rc})
+        print("grid: %s rc %d in %.0f s (estimated %.0f s)" % (
+            name, rc, took[-1]["actual_s"], est), flush=True)
         if rc:
             failed.append(name)
     names = [x for x in names if os.path.exists(x)]
-    rc = main(["--merge"] + names + ["--out", a.out, "--name", "torch2_bench"]) if names else 1
+    rc = main(["--merge"] + names + ["--out", a.out, "--name", merged]) if names else 1
+    actual = time.monotonic() - started
+    print("grid %s: took %.1f min, estimated %.1f min (actual / estimate %.2f)" % (
+        a.grid, actual / 60, total / 60, actual / total if total else float("nan")), flush=True)
+    path = os.path.join(a.out, merged + ".json")
+    if names and os.path.exists(path):
+        with open(path) as f:
+            doc = json.load(f)
+        doc["grid"] = {"name": a.grid, "estimate_s": round(total, 1),
+                       "actual_s": round(actual, 1), "launches": took}
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
     if failed:
         print("grid: FAILED launches: %s" % ", ".join(failed), flush=True)
     return 1 if failed else rc
