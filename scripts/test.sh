@@ -57,7 +57,8 @@ build() {  # build DIR [--target "T..."] [cmake args...]
 # UBSan and TSan; it compiles these trees ~40 % faster than GCC 12), Debug
 # with -g1 (line tables: a sanitizer report still names file:line), each
 # library as unity sources (SF_UNITY: half the libraries' compile time in these;
-# nobody edits in these trees).
+# nobody edits in these trees), the Boost.Test suites against one precompiled
+# header (SF_TEST_PCH: the ASan tree 195 -> 156 CPU-s cold).
 build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
   local dir=$1 targets=$2; shift 2
   # A tree configured with another compiler, or not for tests (a fuzzer-only
@@ -68,7 +69,7 @@ build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
   fi
   build "$dir" --target "$targets" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
     -DSF_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-    -DSF_UNITY=ON "$@"
+    -DSF_UNITY=ON -DSF_TEST_PCH=ON "$@"
   python3 tests/support/check_unit_targets.py "$dir"
 }
 

@@ -14,6 +14,8 @@ add_executable(sfsync_shim_tests
   ${SF_SHIM_TESTS}/reduce_probe_tests.cpp
   ${SF_SHIM_TESTS}/pass_tracker_tests.cpp
   ${SF_SHIM_TESTS}/shim_policy_tests.cpp)
+include(${PROJECT_SOURCE_DIR}/tests/support/test_pch.cmake)
+sf_test_pch(sfsync_shim_tests ${SF_SHIM_TESTS}/shim_tests_main.cpp)
 target_compile_definitions(sfsync_shim_tests PRIVATE BOOST_TEST_DYN_LINK)
 target_compile_options(sfsync_shim_tests PRIVATE -Wall -Wextra ${SF_TEST_CODE_OPTIONS})
 target_link_libraries(sfsync_shim_tests PRIVATE sfsync_shim_policy sfsync gloo Boost::unit_test_framework)
