@@ -93,6 +93,26 @@ struct Run {
     }                                                            \
   } while (0)
 
+// After a window's sf_synchronize: its gradients (as doubles) and its totals,
+// appended to run (a Run-like struct: grads, totalWeight, totalSums, error);
+// false, with run.error, when the totals cannot be read.
+template <typename RunT, typename T>
+bool recordWindow(sf_context* ctx, const std::vector<T*>& data, const std::vector<int64_t>& sizes,
+                  RunT& run) {
+  std::vector<std::vector<double>> g(data.size());
+  for (size_t id = 0; id < data.size(); ++id) g[id].assign(data[id], data[id] + sizes[id]);
+  run.grads.push_back(g);
+  double total = -1;
+  std::vector<double> sums(SF_WINDOW_SUMS, -1);
+  if (sf_get_window_totals(ctx, &total, sums.data(), SF_WINDOW_SUMS) != SF_OK) {
+    run.error = std::string("sf_get_window_totals: ") + sf_last_error();
+    return false;
+  }
+  run.totalWeight.push_back(total);
+  run.totalSums.push_back(sums);
+  return true;
+}
+
 Run trainRank(const Setup& s, int rank, const std::string& rdv) {
   Run run;
   sf_options o = rankOptions(rank, s.world, rdv, 20000);
@@ -502,16 +522,7 @@ BOOST_AUTO_TEST_CASE(weights_no_16_bit_wire_holds_come_back_exact_2_and_3_thread
             if (!last) SF_TRY(sf_end_accumulation(h.ctx));
           }
           SF_TRY(sf_synchronize(h.ctx));
-          std::vector<std::vector<double>> g(static_cast<size_t>(n));
-          for (int64_t id = 0; id < n; ++id) {
-            g[size_t(id)].assign(data[size_t(id)], data[size_t(id)] + sizes[size_t(id)]);
-          }
-          run.grads.push_back(g);
-          double total = -1;
-          std::vector<double> sums(SF_WINDOW_SUMS, -1);
-          SF_TRY(sf_get_window_totals(h.ctx, &total, sums.data(), SF_WINDOW_SUMS));
-          run.totalWeight.push_back(total);
-          run.totalSums.push_back(sums);
+          if (!recordWindow(h.ctx, data, sizes, run)) return run;
         }
         return run;
       });
@@ -665,14 +676,7 @@ BOOST_AUTO_TEST_CASE(a_late_weight_reaches_none_of_three_buckets_2_and_3_thread_
           }
         }
         SF_TRY(sf_synchronize(h.ctx));
-        std::vector<std::vector<double>> g(3);
-        for (int64_t id = 0; id < 3; ++id) g[size_t(id)].assign(data[size_t(id)], data[size_t(id)] + kNumel);
-        run.grads.push_back(g);
-        double total = -1;
-        std::vector<double> sums(SF_WINDOW_SUMS, -1);
-        SF_TRY(sf_get_window_totals(h.ctx, &total, sums.data(), SF_WINDOW_SUMS));
-        run.totalWeight.push_back(total);
-        run.totalSums.push_back(sums);
+        if (!recordWindow(h.ctx, data, std::vector<int64_t>(3, kNumel), run)) return run;
       }
       return run;
     });
