@@ -28,7 +28,7 @@ if [ "$rc" -eq 2 ]; then
 fi
 [ "$rc" -eq 0 ] || fail "prepare.sh exited $rc"
 grep -q 'tests/gpu/run.sh --carried' "$work/prepare.log" || fail "prepare.sh printed no command"
-for f in python/sfsync/__init__.py python/sfsync/torch/device.py python/sfsync/torch/device_standin.py \
+for f in python/sfsync/__init__.py python/sfsync/torch/device.py \
          python/sfsync/integrations/accelerate.py \
          scripts/torch_cuda.py scripts/torch_facts.sh scripts/frameworks_world1.sh \
          scripts/run_torchrun.py scripts/frameworks/_common.py scripts/frameworks/test_accelerate.py \

@@ -36,8 +36,8 @@ Three implementations with one interface (``DeviceOps``):
   device path: SF_DEVICE_CUDA registrations, the plugin's stream and events,
   the stand-in NCCL's collectives.
 
-The stand-in lives apart (sfsync/torch/device_standin.py). Lines only a GPU
-can run (marked ``# GPU only`` below): every line of
+The stand-in lives with the tests (tests/python/support/device_standin.py).
+Lines only a GPU can run (marked ``# GPU only`` below): every line of
 ``CudaOps`` past its constructor's checks (``torch.cuda`` streams and
 events, ``data_ptr`` of a CUDA tensor, ``torch.as_tensor`` over
 ``__cuda_array_interface__``). Everything else, including the logic that

@@ -33,7 +33,8 @@ import torch  # noqa: E402
 
 import sfsync  # noqa: E402
 import sfsync.torch as sft  # noqa: E402
-from sfsync.torch import device, device_standin  # noqa: E402
+from sfsync.torch import device  # noqa: E402
+import device_standin  # noqa: E402  (tests/python/support: a test stand-in, not the package's)
 
 require("test_device_path")
 
