@@ -8,7 +8,8 @@
 * SyncOptimizer sets no private attribute of torch.optim.Optimizer by hand
   and never swaps an inner optimizer's ``params`` in and out;
 * every public name is importable from its 0.3 location and from its new
-  one, and both are the same object.
+  one, and both are the same object;
+* python/README.md's Layout names every module (the package map).
 """
 
 import ast
@@ -275,6 +276,23 @@ class Locations(unittest.TestCase):
                 self.assertIs(getattr(old, name), getattr(new, name), "%s.%s" % (mod, name))
                 checked += 1
         self.assertGreater(checked, 0)
+
+
+class PackageMapTests(unittest.TestCase):
+    """python/README.md's Layout names every module of the package: one
+    added without a line there fails here (issue 44, item 5)."""
+
+    def test_every_module_is_in_the_layout(self):
+        with open(os.path.join(PACKAGE, "..", "README.md")) as f:
+            text = f.read()
+        start = text.index("## Layout")
+        block = text[text.index("```", start) + 3:]
+        block = block[:block.index("```")]
+        words = set(block.replace("(", " ").replace(")", " ").replace(",", " ").split())
+        words |= {w.rsplit("/", 1)[-1] for w in words}  # "sfsync/loader.py" names "loader.py"
+        missing = [rel for rel, _ in sorted(_modules(PACKAGE))
+                   if os.path.basename(rel) not in words]  # each module by its file name
+        self.assertEqual(missing, [], "modules python/README.md's Layout does not name")
 
 
 if __name__ == "__main__":
