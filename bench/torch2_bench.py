@@ -1518,6 +1518,15 @@ def config_errors(rec, r):
     return errs
 
 
+def previous_merge(path):
+    """The merged JSON at path, or None."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def merge(a):
     docs = []
     for path in a.merge:
@@ -1541,6 +1550,12 @@ def merge(a):
            "check_failures": fails}
     name = a.name or "torch2_bench"
     os.makedirs(a.out, exist_ok=True)
+    # A grid's times (--grid: "grid") stay when the same runs are merged
+    # again (e.g. by an interpreter with matplotlib, for the plots).
+    for d in docs + [previous_merge(os.path.join(a.out, name + ".json"))]:
+        if d and "grid" in d and set(d.get("merged_from", {})) == set(sources):
+            doc["grid"] = d["grid"]
+            break
     write_results(a.out, name, doc, tables(records), lambda path: plot(records, variants, path),
                   "torch2_bench")
     print("torch2_bench: merged %d records into %s/%s.{json,md,png}; the runs took %.0f s" % (
