@@ -26,13 +26,11 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -46,6 +44,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "plugin/core/thread_barrier.h"
 #include "plugin/rendezvous/memory_store.h"
 #include "sfsync.h"
 
@@ -70,32 +69,6 @@ double processCpuSeconds() {
          double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-// The rank threads' meeting point around a timed phase (--cpu); blocks, never
-// spins, so that waiting costs next to no CPU.
-class PhaseBarrier {
- public:
-  explicit PhaseBarrier(int parties) : parties_(parties) {}
-
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const int64_t generation = generation_;
-    if (++arrived_ == parties_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != generation; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  const int parties_;
-  int arrived_ = 0;
-  int64_t generation_ = 0;
-};
-
 struct Config {
   double sizeMb;
   int grads;
@@ -113,7 +86,7 @@ struct Row {
 // One rank's part of one configuration; cpu: the ranks' barrier with --cpu,
 // else null.
 Row runRank(int rank, int world, const Config& c, int iters, sf_reduce_op op,
-            const std::string& tag, PhaseBarrier* cpu) {
+            const std::string& tag, sfsync::ThreadBarrier* cpu) {
   Row row;
   row.c = c;
   const int64_t totalFloats = int64_t(c.sizeMb * 1048576 / 4);
@@ -442,8 +415,8 @@ int main(int argc, char** argv) {
               "bench-" + std::to_string(::getpid()) + "-" + std::to_string(configIndex++);
           std::vector<Row> rows(static_cast<size_t>(ranks));
           std::vector<std::thread> threads;
-          PhaseBarrier barrier(ranks);
-          PhaseBarrier* phases = cpu ? &barrier : nullptr;
+          sfsync::ThreadBarrier barrier(ranks);
+          sfsync::ThreadBarrier* phases = cpu ? &barrier : nullptr;
           for (int r = 0; r < ranks; ++r) {
             threads.emplace_back(
                 [&, r] { rows[size_t(r)] = runRank(r, ranks, c, iters, op, tag, phases); });

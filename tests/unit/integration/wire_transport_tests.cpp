@@ -17,12 +17,11 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include <condition_variable>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "plugin/core/thread_barrier.h"
 #include "tests/support/thread_ranks.h"
 
 using namespace sftest;
@@ -49,28 +48,6 @@ int64_t tcpBytesReceived() {
   closedir(d);
   return total;
 }
-
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(m_);
-    const int64_t gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return gen_ != gen; });
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0;
-  int64_t gen_ = 0;
-};
 
 struct Mode {
   const char* name;
@@ -102,7 +79,7 @@ struct Run {
 
 Run runMode(const Mode& m) {
   const std::string rdv = "memory://" + uniqueName(std::string("wire-") + m.name);
-  Barrier barrier(2);
+  sfsync::ThreadBarrier barrier(2);
   int64_t before = 0, after = 0;
   const std::vector<int64_t> sizes = {65536, 65536, 65536};  // 256 KiB each: a bucket each
   Run run;
