@@ -1421,7 +1421,7 @@ def smoke_check(records, variants):
                 errs.append("%s %s: %.0f wire bytes per window, want %.0f" % (
                     rec["model"], v, b, want))
             if v == "sfsync_bf16_sharded":
-                        # sharded buckets travel in their own dtype (include/sfsync.h,
+                # sharded buckets travel in their own dtype (include/sfsync.h,
                 # "Sharded windows": wire_dtype does not apply): float32's
                 # bytes, or half where a 16-bit reduce-scatter exists
                 per = r.get("gradient_wire_bytes_per_element")
