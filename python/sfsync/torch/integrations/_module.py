@@ -3,26 +3,21 @@ frameworks that take and drive an nn.Module (they call it, move it, put it
 in train mode, read its parameters and look for ``no_sync`` by name).
 
 It is responsible for that shape only: windows, reduction, verification and
-the optimizer are the GradientSync's (sfsync/torch/gradient_sync.py).
+the optimizer are the GradientSync's (sfsync/torch/gradient_sync.py), what
+the integrations share around it is _adapter.py's.
 """
-
-import inspect
-import weakref
 
 import torch
 
+# sync_optimizer for clip_grad_norm_; the rest live in _adapter.py and are
+# named here too for the 0.3 location sfsync.integrations._module (its
+# __all__ is this one).
+from sfsync.torch.integrations._adapter import (consolidate_for_save, overrides,  # noqa: F401
+                                                owned_gradients, rebuild_optimizer,
+                                                split_options, sync_optimizer)
+
 __all__ = ["SyncedModule", "synced", "sync_optimizer", "rebuild_optimizer", "split_options",
            "consolidate_for_save", "owned_gradients", "overrides"]
-
-#: Options of sync.optimizer(...) (sfsync/torch/optim.py) that a framework's
-#: integration takes with GradientSync's and passes to the optimizer it builds.
-OPTIMIZER_OPTIONS = ("overlap_step", "overlap_gather", "whole_gradients")
-
-
-def split_options(options):
-    """(GradientSync's keyword arguments, sync.optimizer's) from one dict."""
-    sync = dict(options)
-    return sync, {k: sync.pop(k) for k in OPTIMIZER_OPTIONS if k in sync}
 
 
 class SyncedModule(torch.nn.Module):
@@ -76,34 +71,6 @@ class SyncedModule(torch.nn.Module):
         return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)
 
 
-def owned_gradients(optimizer_options, owns_readers):
-    """``optimizer_options`` with ``whole_gradients`` decided by the
-    framework's integration unless the user gave it: whole (the gradient
-    gather) unless the bound method ``owns_readers()`` says that nothing but
-    sfsync reads ``.grad`` between the window's last backward and the step
-    (asked at each window's end, so callbacks added later count; held
-    weakly: the optimizer does not keep the trainer alive)."""
-    if "whole_gradients" in optimizer_options:
-        return dict(optimizer_options)
-    method = weakref.WeakMethod(owns_readers)
-
-    def whole():
-        owns = method()
-        return owns is None or not owns()
-    return dict(optimizer_options, whole_gradients=whole)
-
-
-def overrides(obj, base, names):
-    """The names of ``names`` that ``type(obj)`` defines otherwise than
-    ``base`` does (a framework hook or method a user class replaced)."""
-    return [n for n in names if getattr(type(obj), n, None) is not getattr(base, n, None)]
-
-
-def sync_optimizer(sync):
-    """The optimizer made by ``sync.optimizer(...)``, or None."""
-    return getattr(sync, "sync_optimizer", None)  # (DDPSync has none: DDP steps)
-
-
 def synced(model):
     """The SyncedModule in or at ``model`` (None if there is none)."""
     seen = set()
@@ -113,28 +80,3 @@ def synced(model):
             return model
         model = getattr(model, "module", None)
     return None
-
-
-def rebuild_optimizer(sync, opt, **optimizer_options):
-    """``sync.optimizer`` of ``opt``'s class, parameter groups and
-    constructor defaults, for a framework that built a plain one (before any
-    step: its state is not carried over). torch's optimizers keep some
-    defaults their constructor does not take (AdamW's
-    decoupled_weight_decay): only the constructor's arguments pass."""
-    cls = type(opt)
-    accepted = inspect.signature(cls.__init__).parameters
-    defaults = {k: v for k, v in opt.defaults.items() if k in accepted}
-    groups = [{k: v for k, v in g.items() if k == "params" or k in accepted}
-              for g in opt.param_groups]
-    return sync.optimizer(cls, groups, **optimizer_options, **defaults)
-
-
-def consolidate_for_save(sync, to=0):
-    """Before a framework saves the optimizer from rank ``to`` alone (the HF
-    Trainer's main process, Accelerate's ``save_state``; Lightning calls
-    ``consolidate_state_dict`` itself): every rank gathers a sharded sfsync
-    optimizer's full form there, so that the file resumes on every rank, at
-    any world size (collective: called on every rank)."""
-    opt = sync_optimizer(sync) if sync is not None else None
-    if opt is not None and getattr(opt, "_sharded", False):
-        opt.consolidate_state_dict(to)

@@ -65,6 +65,8 @@ model goes to ``SyncedModule.clip_grad_norm_`` (the global norm, also
 sharded), as Accelerate does for FSDP models.
 """
 
+from sfsync.torch.integrations._adapter import (consolidate_for_save, patch_method,
+                                                refuse_window_count, sync_open)
 from sfsync.torch.integrations._module import SyncedModule
 
 __all__ = ["prepare_model", "SyncedModule"]
@@ -75,12 +77,14 @@ def prepare_model(accelerator, model, device_placement=None, **sync_options):
     attached to a ``sfsync.torch.GradientSync(model, **sync_options)``
     (verify_every, shard_optimizer, wire_dtype, bucket_cap_mb, ...); returns
     the SyncedModule to use as the model. No ``accumulation_steps``: the
-    windows are Accelerate's."""
+    windows are Accelerate's. Unlike the Lightning and HF Trainer
+    integrations this one leaves ``whole_gradients`` to the user
+    (owned_gradients, _adapter.py): the user builds the optimizer
+    (``model.sync.optimizer(...)``) and writes the loop that reads ``.grad``."""
     from sfsync.torch import GradientSync
-    if "accumulation_steps" in sync_options:
-        raise TypeError("prepare_model: accumulation_steps is Accelerate's "
-                        "(Accelerator(gradient_accumulation_steps=N)): sfsync follows "
-                        "accelerator.accumulate()")
+    refuse_window_count(sync_options, "prepare_model",
+                        "Accelerate's (Accelerator(gradient_accumulation_steps=N)): sfsync "
+                        "follows accelerator.accumulate()")
     model = accelerator.prepare_model(model, device_placement=device_placement,
                                       evaluation_mode=True)
     model.train()
@@ -102,7 +106,6 @@ def _route_checkpoints(accelerator, wrapped):
     rank 0 first (a save pre-hook: it runs on every process); the
     GradientSync's window state is a checkpointed object of Accelerate's own
     (``register_for_checkpointing``)."""
-    from sfsync.torch.integrations._module import consolidate_for_save
     accelerator.register_save_state_pre_hook(
         lambda models, weights, output_dir: consolidate_for_save(wrapped.sync))
     accelerator.register_for_checkpointing(wrapped.sync)
@@ -114,17 +117,16 @@ def _route_clip(accelerator, wrapped):
     same with the FSDP module's); other parameters to Accelerate's."""
     mine = accelerator.__dict__.setdefault("_sfsync_modules", [])
     mine.append(wrapped)
-    if "clip_grad_norm_" in accelerator.__dict__:
-        return
-    original = accelerator.clip_grad_norm_
 
-    def clip_grad_norm_(parameters, max_norm, norm_type=2):
-        parameters = list(parameters)
-        ids = [id(p) for p in parameters]
-        for m in mine:
-            if m.sync.context is not None and ids == [id(p) for p in m.parameters()]:
-                accelerator.unscale_gradients()
-                return m.clip_grad_norm_(max_norm, norm_type)
-        return original(parameters, max_norm, norm_type)
+    def route(original):
+        def clip_grad_norm_(parameters, max_norm, norm_type=2):
+            parameters = list(parameters)
+            ids = [id(p) for p in parameters]
+            for m in mine:
+                if sync_open(m.sync) and ids == [id(p) for p in m.parameters()]:
+                    accelerator.unscale_gradients()
+                    return m.clip_grad_norm_(max_norm, norm_type)
+            return original(parameters, max_norm, norm_type)
+        return clip_grad_norm_
 
-    accelerator.clip_grad_norm_ = clip_grad_norm_
+    patch_method(accelerator, "clip_grad_norm_", route)

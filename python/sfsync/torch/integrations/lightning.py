@@ -74,28 +74,27 @@ import inspect
 
 from lightning.pytorch.strategies import DDPStrategy
 
-from sfsync.torch.integrations._module import (SyncedModule, overrides, owned_gradients,
-                                               rebuild_optimizer, split_options, sync_optimizer)
+from sfsync.torch.integrations._adapter import (FrameworkAdapter, overrides, patch_method,
+                                                refuse_window_count, sync_optimizer)
+from sfsync.torch.integrations._module import SyncedModule
 
 __all__ = ["SfsyncStrategy"]
 
 _STRATEGY_ARGS = set(inspect.signature(DDPStrategy.__init__).parameters) - {"self", "kwargs"}
 
 
-class SfsyncStrategy(DDPStrategy):
+class SfsyncStrategy(FrameworkAdapter, DDPStrategy):
     """DDPStrategy with sfsync's GradientSync in place of the DDP wrap; see
     the module docstring."""
 
     strategy_name = "sfsync"
 
     def __init__(self, **options):
-        if "accumulation_steps" in options:
-            raise TypeError("SfsyncStrategy: accumulation_steps is Lightning's "
-                            "(Trainer(accumulate_grad_batches=N)): sfsync follows it")
+        refuse_window_count(options, "SfsyncStrategy", "Lightning's (Trainer("
+                            "accumulate_grad_batches=N)): sfsync follows it")
         strategy = {k: options.pop(k) for k in list(options) if k in _STRATEGY_ARGS}
         super().__init__(**strategy)
-        self._sync_options, self._optimizer_options = split_options(options)
-        self.sync = None
+        self._take_options(options)
 
     # -- the wrap
 
@@ -109,7 +108,7 @@ class SfsyncStrategy(DDPStrategy):
     @contextlib.contextmanager
     def block_backward_sync(self):
         """Lightning's micro-batches 1..N-1: sfsync's window."""
-        if self.sync is None or self.sync.context is None:
+        if not self._sync_open():
             yield None
             return
         with self.sync.no_sync():
@@ -123,9 +122,6 @@ class SfsyncStrategy(DDPStrategy):
                                "configure_optimizers, during fit)")
         return self.sync.optimizer(optimizer_class, params,
                                    **dict(self._owned_options(), **defaults))
-
-    def _owned_options(self):
-        return owned_gradients(self._optimizer_options, self._owns_gradient_readers)
 
     #: Hooks that run between a window's last backward and the step's end
     #: (where .grad is read, e.g. to log its norm): a LightningModule's, a
@@ -155,7 +151,7 @@ class SfsyncStrategy(DDPStrategy):
 
     def setup_optimizers(self, trainer):
         super().setup_optimizers(trainer)
-        if not self._sync_options.get("shard_optimizer") or self.sync is None:
+        if not self._shards_optimizer() or self.sync is None:
             return
         mine = sync_optimizer(self.sync)
         for i, opt in enumerate(self.optimizers):
@@ -171,7 +167,7 @@ class SfsyncStrategy(DDPStrategy):
                                    "self.trainer.strategy.optimizer(%s, params, ...) and build "
                                    "the scheduler on it" % (type(opt).__name__,
                                                              type(opt).__name__))
-            self.optimizers[i] = rebuild_optimizer(self.sync, opt, **self._owned_options())
+            self.optimizers[i] = self._rebuilt(opt)
             mine = self.optimizers[i]
 
     def setup(self, trainer):
@@ -184,13 +180,13 @@ class SfsyncStrategy(DDPStrategy):
     # rank loads; sfsync's window state travels in it as "sfsync"
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None):
-        if self.sync is not None and self.sync.context is not None:
+        if self._sync_open():
             checkpoint["sfsync"] = self.sync.state_dict()
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     def load_optimizer_state_dict(self, checkpoint):
         super().load_optimizer_state_dict(checkpoint)
-        if "sfsync" in checkpoint and self.sync is not None and self.sync.context is not None:
+        if "sfsync" in checkpoint and self._sync_open():
             self.sync.load_state_dict(checkpoint["sfsync"])
 
     # -- teardown
@@ -211,15 +207,13 @@ def _route_clip(strategy):
     """gradient_clip_val (norm) of sfsync's optimizer -> SyncedModule's
     clip_grad_norm_: Lightning's own clips the optimizer's parameters, which
     in a sharded context are this rank's shards (a local norm)."""
-    plugin = strategy.precision_plugin
-    if "clip_grad_by_norm" in plugin.__dict__:
-        return
-    original = plugin.clip_grad_by_norm
+    def route(original):
+        def clip_grad_by_norm(optimizer, clip_val):
+            mine = sync_optimizer(strategy.sync)
+            if mine is not None and optimizer is mine and \
+                    isinstance(strategy.model, SyncedModule):
+                return strategy.model.clip_grad_norm_(clip_val)
+            return original(optimizer, clip_val)
+        return clip_grad_by_norm
 
-    def clip_grad_by_norm(optimizer, clip_val):
-        mine = sync_optimizer(strategy.sync) if strategy.sync is not None else None
-        if mine is not None and optimizer is mine and isinstance(strategy.model, SyncedModule):
-            return strategy.model.clip_grad_norm_(clip_val)
-        return original(optimizer, clip_val)
-
-    plugin.clip_grad_by_norm = clip_grad_by_norm
+    patch_method(strategy.precision_plugin, "clip_grad_by_norm", route)

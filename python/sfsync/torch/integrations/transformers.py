@@ -81,9 +81,10 @@ import weakref
 
 from transformers import Trainer, TrainerCallback
 
-from sfsync.torch.integrations._module import (SyncedModule, consolidate_for_save,
-                                               overrides, owned_gradients, rebuild_optimizer,
-                                               split_options, sync_optimizer)
+from sfsync.torch.integrations._adapter import (FrameworkAdapter, consolidate_for_save,
+                                                overrides, refuse_window_count, sync_open,
+                                                sync_optimizer)
+from sfsync.torch.integrations._module import SyncedModule
 
 #: sfsync's own window state (sync.state_dict()) in a Trainer checkpoint folder.
 SYNC_STATE_NAME = "sfsync_sync.pt"
@@ -91,32 +92,31 @@ SYNC_STATE_NAME = "sfsync_sync.pt"
 __all__ = ["SfsyncTrainer", "SfsyncTrainerMixin", "exact_count", "loss_shifts_labels"]
 
 
-class SfsyncTrainerMixin:
+class SfsyncTrainerMixin(FrameworkAdapter):
     """The Trainer methods that put sfsync in place of DDP; see the module
     docstring. ``sync_options``: GradientSync's keyword arguments."""
 
     def __init__(self, *args, sync_options=None, **kwargs):
         options = dict(sync_options or {})
-        if "accumulation_steps" in options:
-            raise TypeError("SfsyncTrainer: accumulation_steps is the Trainer's "
+        refuse_window_count(options, "SfsyncTrainer", "the Trainer's "
                             "(TrainingArguments(gradient_accumulation_steps=N))")
         self._keep_ddp = bool(options.pop("keep_ddp", False))
         self._count_items = options.pop("count_items", None)
         self._weighted = False  # reduce="weighted" (known once the GradientSync is made)
         self._in_weighted_step = False
         self._loss_shifts = None
-        if self._keep_ddp and set(options) - {"verify_every", "verify_buffers"}:
+        beyond_ddp = set(options) - {"verify_every", "verify_buffers"}
+        if self._keep_ddp and beyond_ddp:
             raise ValueError("SfsyncTrainer(keep_ddp=True) attaches to the Trainer's DDP, which "
                              "takes verify_every and verify_buffers only, not %s"
-                             % sorted(set(options) - {"verify_every", "verify_buffers"}))
-        self._sync_options, self._optimizer_options = split_options(options)
-        self.sync = None
+                             % sorted(beyond_ddp))
+        self._take_options(options)
         super().__init__(*args, **kwargs)
         if self._keep_ddp:
             self.add_callback(_AttachAtTrainBegin(weakref.WeakMethod(self._attach_ddp)))
 
     def _sfsync(self):
-        if self.sync is None or self.sync.context is None:
+        if not self._sync_open():
             from sfsync.torch import GradientSync
             self.model.train()
             self.sync = GradientSync(self.model, **self._sync_options)
@@ -128,7 +128,7 @@ class SfsyncTrainerMixin:
         import torch
         from sfsync.torch import attach
         ddp = self.model_wrapped
-        if self.sync is not None and self.sync.context is not None and self.sync.ddp is ddp:
+        if self._sync_open() and self.sync.ddp is ddp:
             return
         if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             return  # one process: nothing to synchronize
@@ -136,10 +136,8 @@ class SfsyncTrainerMixin:
 
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
-        if self._sync_options.get("shard_optimizer") and \
-                sync_optimizer(self._sfsync()) is not optimizer:
-            optimizer = rebuild_optimizer(self.sync, optimizer, **owned_gradients(
-                self._optimizer_options, self._owns_gradient_readers))
+        if self._shards_optimizer() and sync_optimizer(self._sfsync()) is not optimizer:
+            optimizer = self._rebuilt(optimizer)
             self.optimizer = optimizer
         return optimizer
 
@@ -162,7 +160,7 @@ class SfsyncTrainerMixin:
     def _wrap_model(self, model, training=True, dataloader=None):
         if not training or self._keep_ddp:
             return super()._wrap_model(model, training, dataloader)
-        if isinstance(model, SyncedModule) and model.sync.context is not None:
+        if isinstance(model, SyncedModule) and sync_open(model.sync):
             return model
         return SyncedModule(self._sfsync())
 
@@ -170,16 +168,16 @@ class SfsyncTrainerMixin:
     # alone and loads that one file on every process
 
     def _save_optimizer_and_scheduler(self, output_dir):
-        if self.sync is not None and self.sync.context is not None:
+        if self._sync_open():
             consolidate_for_save(self.sync)  # every process: the full form on rank 0
         super()._save_optimizer_and_scheduler(output_dir)
-        if self.sync is not None and self.sync.context is not None and self.args.should_save:
+        if self._sync_open() and self.args.should_save:
             import torch
             torch.save(self.sync.state_dict(), os.path.join(output_dir, SYNC_STATE_NAME))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or self.sync is None or self.sync.context is None:
+        if checkpoint is None or not self._sync_open():
             return
         path = os.path.join(checkpoint, SYNC_STATE_NAME)
         if os.path.isfile(path):
@@ -201,7 +199,7 @@ class SfsyncTrainerMixin:
     # -- weighted windows (reduce="weighted"; the module docstring)
 
     def _weighing(self):
-        return self._weighted and self.sync is not None and self.sync.context is not None
+        return self._weighted and self._sync_open()
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """Weighted: the window's batches as the Trainer's loop wants them,

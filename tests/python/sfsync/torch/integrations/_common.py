@@ -140,6 +140,18 @@ class Checks:
             sys.exit(1)
 
 
+def check_refusal(checks, name, call, message):
+    """``call()`` (an integration given GradientSync's accumulation_steps)
+    raises TypeError with exactly ``message``: the windows are the
+    framework's (sfsync/torch/integrations/_adapter.py, refuse_window_count)."""
+    try:
+        call()
+    except TypeError as e:
+        checks.that(str(e) == message, "%s refuses accumulation_steps: %s" % (name, e))
+    else:
+        checks.that(False, "%s refuses accumulation_steps" % name)
+
+
 def teardown():
     """Gloo's process group destroyed before the interpreter exits (a torch
     2.x process that exits with it alive can abort in a Gloo worker thread:

@@ -81,6 +81,10 @@ def train(accelerator, model, opt, loader, windows, sync=None, agree=None):
 def main():
     accelerator = Accelerator(cpu=C.DEVICE == "cpu", gradient_accumulation_steps=N)
     checks = C.Checks()
+    C.check_refusal(checks, "prepare_model",
+                    lambda: prepare_model(accelerator, make_model(), accumulation_steps=N),
+                    "prepare_model: accumulation_steps is Accelerate's (Accelerator("
+                    "gradient_accumulation_steps=N)): sfsync follows accelerator.accumulate()")
     C.say("accelerate: distributed_type %s, %d processes"
           % (accelerator.distributed_type, accelerator.num_processes))
 

@@ -157,6 +157,9 @@ def fit(strategy, record_norms=True, owned=False, callbacks=()):
 
 def main():
     checks = C.Checks()
+    C.check_refusal(checks, "SfsyncStrategy", lambda: SfsyncStrategy(accumulation_steps=N),
+                    "SfsyncStrategy: accumulation_steps is Lightning's (Trainer("
+                    "accumulate_grad_batches=N)): sfsync follows it")
     model, ref_windows, trainer = fit(DDPStrategy())
     checks.that(isinstance(trainer.strategy, DDPStrategy), "reference: Lightning's DDPStrategy")
     ref = C.flat(model)

@@ -127,6 +127,10 @@ def train(cls, out, counter_class=Bytes, **kw):
 
 def main():
     checks = C.Checks()
+    C.check_refusal(checks, "SfsyncTrainer",
+                    lambda: SfsyncTrainer(sync_options=dict(accumulation_steps=N)),
+                    "SfsyncTrainer: accumulation_steps is the Trainer's "
+                    "(TrainingArguments(gradient_accumulation_steps=N))")
     out = tempfile.mkdtemp(prefix="sfsync-hf-")
     trainer, ref_windows = train(Trainer, out)
     checks.that(isinstance(trainer.model_wrapped, torch.nn.parallel.DistributedDataParallel),
