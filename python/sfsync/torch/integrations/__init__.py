@@ -15,7 +15,11 @@ Each follows the host's ``no_sync()``: micro-batches 1..N-1 accumulate
 locally, the pass after them synchronizes (also an epoch's short last
 window), so the gradient bytes per window are one model's worth.
 ``SyncedModule`` is the DDP-shaped nn.Module they share (``.module``,
-``forward``, ``no_sync()``, ``.sync``).
+``forward``, ``no_sync()``, ``.sync``; _module.py); what else they share
+(the option split, the refusal of ``accumulation_steps``, the open-sync
+check, the ``whole_gradients`` decision, patching a framework's method) is
+written once in _adapter.py, ``FrameworkAdapter`` the base of Lightning's
+strategy and the HF Trainer's mixin.
 """
 
 __all__ = ["SyncedModule"]
