@@ -21,7 +21,18 @@ foreach(pair "cc;cc -target x86_64-linux-gnu.${SF_ZIG_GLIBC}"
              "c++;c++ -target x86_64-linux-gnu.${SF_ZIG_GLIBC}" "ar;ar" "ranlib;ranlib")
   list(GET pair 0 name)
   list(GET pair 1 args)
-  file(WRITE "${sf_wrap}/${name}" "#!/bin/sh\nexec \"${SF_ZIG}\" ${args} \"$@\"\n")
+  # Zig builds libc++, libc++abi, libunwind and compiler_rt into its cache
+  # once per optimize mode and strip setting, for the first link that needs
+  # them. CMake's compiler identification links CMakeC(XX)CompilerId.c(pp)
+  # with no flags: Zig made a Debug set for it (with UBSan's runtime) beside
+  # the Release set the libraries link (measured: ~65 of the cold wheel
+  # build's CPU-s). It gets the Release link's flags instead, and so do
+  # CMake's other checks (CMAKE_EXE_LINKER_FLAGS_INIT below).
+  set(id "")
+  if(name STREQUAL "cc" OR name STREQUAL "c++")
+    set(id "case \"$*\" in *CMakeCCompilerId.c*|*CMakeCXXCompilerId.cpp*) set -- -O3 -s \"$@\" ;; esac\n")
+  endif()
+  file(WRITE "${sf_wrap}/${name}" "#!/bin/sh\n${id}exec \"${SF_ZIG}\" ${args} \"$@\"\n")
   file(CHMOD "${sf_wrap}/${name}" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE
        GROUP_READ GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
 endforeach()
@@ -47,3 +58,4 @@ set(CMAKE_C_FLAGS_INIT "-g0")
 set(CMAKE_CXX_FLAGS_INIT "-g0")
 set(CMAKE_SHARED_LINKER_FLAGS_INIT "-s")
 set(CMAKE_MODULE_LINKER_FLAGS_INIT "-s")
+set(CMAKE_EXE_LINKER_FLAGS_INIT "-s")  # CMake's checks: the libraries' Zig runtime set (above)

@@ -63,6 +63,12 @@ set(BUILD_SHARED_LIBS ${sf_shared_was})
 unset(CMAKE_CXX_VISIBILITY_PRESET)
 unset(CMAKE_VISIBILITY_INLINES_HIDDEN)
 set_target_properties(gloo PROPERTIES POSITION_INDEPENDENT_CODE ON)
+if(SF_UNITY)  # as sfsync's own libraries (SF_UNITY): the wheel's Gloo in batches of 8
+  set_target_properties(gloo PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+  # its own ReductionFunction beside gloo::ReductionFunction: ambiguous in a batch
+  set_source_files_properties(${gloo_src}/gloo/allreduce_local.cc TARGET_DIRECTORY gloo
+                              PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+endif()
 # Its sources and the generated gloo/config.h, for sfsync's includes.
 target_include_directories(gloo SYSTEM INTERFACE $<BUILD_INTERFACE:${gloo_src}>
                            $<BUILD_INTERFACE:${CMAKE_BINARY_DIR}/third_party/gloo>)
