@@ -9,6 +9,7 @@
 #include <new>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "plugin/core/dtype.h"
@@ -231,8 +232,16 @@ void Context::gradReady(int64_t id) {
     if (trace_) tracePass(true, nth);
     return;
   }
-  reducer_.markReady(id, clock_);
+  markReady(id);
   if (trace_) tracePass(false, nth);
+}
+
+// Out of line: the window's path above stays a few instructions.
+[[gnu::noinline]] void Context::markReady(int64_t id) {
+  // The clock's pass, handed down. Refused if a synchronization closed it
+  // after the clock answered: asked again once the clock closed it too
+  // (pass_ref.h; a synchronization closes it right after the reducer's).
+  while (!reducer_.markReady(id, clock_.openPass())) std::this_thread::yield();
 }
 
 void Context::tracePass(bool inWindow, int64_t nth) {
@@ -314,7 +323,8 @@ void Context::synchronizeLocked(int64_t* windowOut) {
   const double t0Us = trace_ ? Tracer::nowUs() : 0;
   bool weightless = false;
   try {
-    weightless = reducer_.synchronize(pass, clock_);  // closes the pass
+    weightless = reducer_.synchronize(pass);
+    clock_.passSynchronized(pass);  // it succeeded: the pass closes
   } catch (const Error& e) {
     if (trace_) {
       trace_->span(0, "synchronize", t0Us, Tracer::nowUs(),

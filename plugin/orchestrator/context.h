@@ -16,10 +16,11 @@
 // synchronize again: it returns that synchronization's outcome (see
 // synchronize()). grad-ready never takes the lock (autograd hooks call it
 // while the training thread waits in synchronize; it meets a synchronization
-// on the reducer's lock, as before), nor do the counters' readers (stats,
-// the shim's window state). The lock order is windowMutex_, then the
-// reducer's lock, then backendsMutex_; nothing under the reducer's lock or
-// on a backend's threads calls back into a window call.
+// on the reducer's lock, as before; a pass a synchronization closed after the
+// hook read it is refused there and asked again: pass_ref.h), nor do the
+// counters' readers (stats, the shim's window state). The lock order is
+// windowMutex_, then the reducer's lock, then backendsMutex_; the reducer
+// never calls back into the Context or its clock.
 
 #include <atomic>
 #include <functional>
@@ -151,6 +152,8 @@ class Context {
   // backend = nccl.
   Backend& controlBackend();
   void checkId(int64_t id) const;
+  // gradReady outside a window: the clock's pass and `id` to the reducer.
+  void markReady(int64_t id);
   // SF_ERR_INVALID_STATE inside a window or while buckets are in flight.
   void checkIdle(const char* what) const;
   // synchronize() with windowMutex_ held; the window it synchronized (or

@@ -39,7 +39,7 @@
 // end, synchronized, claim, restore) do not race with each other: the
 // Context makes them under its window lock (context.h, "Threads"; since
 // 0.5 the host may call the entry points from several threads), and
-// synchronized() runs under the reducer's lock inside such a call (restore
+// synchronized() runs inside such a call (restore
 // does not race with grad-ready either: it precedes every window call).
 
 #include <atomic>
@@ -49,7 +49,7 @@
 
 namespace sfsync {
 
-class WindowClock final : public PassClock {
+class WindowClock final {
  public:
   bool inWindow() const { return inWindow_.load(std::memory_order_acquire); }
 
@@ -91,8 +91,8 @@ class WindowClock final : public PassClock {
     windowsEnded_.fetch_add(1, std::memory_order_relaxed);
   }
   // A gradient reported ready: inside a window, counted and false
-  // (communicate nothing); outside, true (the reducer then asks openPass(),
-  // under its lock, for the pass its reduction belongs to). Either way
+  // (communicate nothing); outside, true (the Context then asks openPass()
+  // for the pass it hands the reducer). Either way
   // `*nth` is its place among the grad-ready calls of the open window, or of
   // those outside a window since the last synchronization (1, 2, ...: the
   // trace's passes). Inline: the hot path of every hook.
@@ -118,13 +118,13 @@ class WindowClock final : public PassClock {
   // The synchronization of window `number` (what claim() returned) succeeded:
   // it closes the pass.
   void synchronized(int64_t number);
-  // PassClock, called by the reducer under its lock (pass_ref.h): a
-  // grad-ready's pass, opened if none is; synchronized(pass.window).
-  PassRef openPass() override {
+  // Asked by the Context (pass_ref.h): a grad-ready's pass, opened if none
+  // is; and, once the reducer synchronized `pass`, synchronized(pass.window).
+  PassRef openPass() {
     if (!passOpen_.load(std::memory_order_relaxed)) passOpen_.store(true, std::memory_order_relaxed);
     return PassRef{syncs_.load(std::memory_order_relaxed) + 1, true, current()};
   }
-  void passSynchronized(const PassRef& pass) override { synchronized(pass.window); }
+  void passSynchronized(const PassRef& pass) { synchronized(pass.window); }
 
   // ---- Passes (pass_ref.h) ------------------------------------------------
   // The pass under way, or the last one (see "Passes" above).

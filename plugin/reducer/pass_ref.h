@@ -12,14 +12,15 @@
 // succeeds. Passes are numbered 1, 2, ... in this process (a restored run
 // renumbers windows, not passes).
 //
-// The two moments that hook threads and the training thread can race on, a
-// grad-ready opening a pass and a synchronization closing it, happen under
-// the reducer's lock, through PassClock: a grad-ready can then never be
-// handed a pass that a synchronization closed after the hook read the clock
-// (its reduction would go to the closed pass, or the passes would run
-// backwards between two hooks). The other calls come from the host's
-// window calls, which the Context serializes (only a synchronization closes
-// a pass), and take a PassRef.
+// The reducer never asks the clock: every call is handed its PassRef. Two
+// moments can race, on hook threads and the training thread: a grad-ready
+// reading its pass from the clock (the Context asks it, then hands the pass
+// down) and a synchronization closing that pass. The reducer refuses a
+// grad-ready's pass once it synchronized that pass (Reducer::markReady
+// returns false, changing nothing), and the Context asks the clock again
+// until the synchronization has closed it there too: a grad-ready is never
+// counted in a closed pass, and the passes never run backwards between two
+// hooks.
 
 #include <cstdint>
 
@@ -33,18 +34,6 @@ struct PassRef {
   // The window number its synchronization sends (checked across ranks by
   // the window check), or the last synchronized window's when !open.
   int64_t window = 0;
-};
-
-// The clock as the reducer sees it (WindowClock implements it).
-class PassClock {
- public:
-  // The pass under way, opened if none is (a grad-ready outside a window).
-  virtual PassRef openPass() = 0;
-  // The synchronization of `pass` succeeded: the pass closes.
-  virtual void passSynchronized(const PassRef& pass) = 0;
-
- protected:
-  ~PassClock() = default;
 };
 
 }  // namespace sfsync

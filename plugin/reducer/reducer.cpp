@@ -58,20 +58,21 @@ bool Reducer::inFlight() const {
   return nextToStart_ > 0;
 }
 
-void Reducer::markReady(int64_t id, PassClock& clock) {
+bool Reducer::markReady(int64_t id, const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   throwIfFailed();
+  if (pass.number <= synchronizedPass_) return false;  // closed since the caller read it
   buildLocked();
   Gradient& g = grads_[size_t(id)];
   if (g.ready) {
     fail(SF_ERR_INVALID_STATE, "gradient " + std::to_string(id) + " ('" + g.name +
                                    "') was already reported ready since the last sf_synchronize");
   }
-  const PassRef pass = clock.openPass();
   enterPassLocked(pass.number);
   g.ready = true;
   cycles_[size_t(g.bucket)].gradientReported();
   startReadyBuckets(true, pass);
+  return true;
 }
 
 void Reducer::startReadyBuckets(bool early, const PassRef& pass) {
@@ -233,7 +234,7 @@ void Reducer::waitBucket(int64_t bucket, const PassRef& pass) {
   waitBucketLocked(size_t(bucket), pass);
 }
 
-bool Reducer::synchronize(const PassRef& pass, PassClock& clock) {
+bool Reducer::synchronize(const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   startAllLocked(pass);
   for (size_t i = 0; i < cycles_.size(); ++i) {
@@ -251,7 +252,7 @@ bool Reducer::synchronize(const PassRef& pass, PassClock& clock) {
   for (auto& g : grads_) g.ready = false;
   for (auto& c : cycles_) c.reportsCleared();
   nextToStart_ = 0;  // the results stay this pass's until the next one opens
-  clock.passSynchronized(pass);
+  synchronizedPass_ = pass.number;
   return totals_.weighted() && totals_.hasTotals() && totals_.totals().weight == 0.0;
 }
 

@@ -129,19 +129,21 @@ class Reducer {
   // as inFlight(). markReady and the synchronizations enter their pass
   // themselves.
   bool beginPass(int64_t pass);
-  // Outside a window: mark `id` ready in the pass `clock` opens (asked
-  // under the lock), start complete buckets in order.
-  void markReady(int64_t id, PassClock& clock);
+  // Outside a window: mark `id` ready in `pass` (the clock's open pass, as
+  // the Context read it), start complete buckets in order. False, changing
+  // nothing, when `pass` was synchronized already (closed after the caller
+  // read the clock): the caller asks the clock again (pass_ref.h).
+  bool markReady(int64_t id, const PassRef& pass);
   // Start every bucket not yet started (sf_synchronize_start).
   void synchronizeStart(const PassRef& pass);
   // Wait for one bucket's reduction of `pass` and put its results in place.
   void waitBucket(int64_t bucket, const PassRef& pass);
   // Start every bucket not yet started, wait for all, scatter results; then
-  // SF_ERR_MISMATCH on every rank if the ranks' window numbers differ. Once
-  // it succeeded, and still under the lock, `clock` closes the pass
-  // (passSynchronized). Weighted windows: true when the window's global
-  // weight was 0 (its buckets were left as the plain sums).
-  bool synchronize(const PassRef& pass, PassClock& clock);
+  // SF_ERR_MISMATCH on every rank if the ranks' window numbers differ.
+  // Returning (not throwing) means `pass` is synchronized: the caller
+  // closes it. Weighted windows: true when the window's global weight was 0
+  // (its buckets were left as the plain sums).
+  bool synchronize(const PassRef& pass);
   bool inFlight() const;
 
   // ---- Weighted windows (window_totals.h) -----------------------------------
@@ -228,6 +230,7 @@ class Reducer {
 
   mutable std::mutex mutex_;
   size_t nextToStart_ = 0;  // buckets start in order: the next one
+  int64_t synchronizedPass_ = 0;  // the last pass synchronize() completed
   ReducerCounters counters_;
   sf_status failedStatus_ = SF_OK;
   std::string failedMessage_;

@@ -67,7 +67,7 @@ float value(int64_t id, int64_t j) { return float(id * 10 + j % 7 + 1); }
 // gradients of `numels` (registration order), those in `hostOwned`
 // registered from host memory, the others plugin-owned; sharded: every
 // gradient's parameter, host-owned for the ids in `hostParams`.
-struct Bench : PassClock {
+struct Bench {
   sf_options opts;  // read by the reducer: outlives it
   std::vector<Call> log;
   std::unique_ptr<Stamping> backend;
@@ -113,8 +113,6 @@ struct Bench : PassClock {
   // synchronization opens the next one; a successful synchronization closes it.
   PassRef pass;  // the pass under way, or the last one
   int64_t readyWindow = 0;  // the window number a grad-ready's pass opens with
-  PassRef openPass() override { return opened(readyWindow); }
-  void passSynchronized(const PassRef&) override { pass.open = false; }
   const PassRef& opened(int64_t window) {
     if (!pass.open) {
       ++pass.number;
@@ -130,11 +128,14 @@ struct Bench : PassClock {
   }
   void markReady(int64_t id, int64_t window) {
     readyWindow = window;
-    red->markReady(id, *this);
+    red->markReady(id, opened(readyWindow));
   }
   void synchronizeStart(int64_t window) { red->synchronizeStart(opened(window)); }
-  // The reducer closes the pass (passSynchronized) only once it succeeded.
-  void synchronize(int64_t window) { red->synchronize(opened(window), *this); }
+  // The pass closes only once the synchronization succeeded.
+  void synchronize(int64_t window) {
+    red->synchronize(opened(window));
+    pass.open = false;
+  }
   void waitBucket(int64_t bucket) { red->waitBucket(bucket, pass); }
   void startGather(int64_t bucket) { red->startGather(bucket, pass); }
   void gatherGradients() { red->gatherGradients(pass); }
