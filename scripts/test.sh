@@ -59,17 +59,26 @@ build() {  # build DIR [--target "T..."] [cmake args...]
 # library as unity sources (SF_UNITY: half the libraries' compile time in these;
 # nobody edits in these trees), the Boost.Test suites against one precompiled
 # header (SF_TEST_PCH: the ASan tree 195 -> 156 CPU-s cold).
-build_unit() {  # build_unit DIR "TARGETS" [cmake args...]
-  local dir=$1 targets=$2; shift 2
+configure_unit() {  # configure_unit DIR [cmake args...]
+  local dir=$1; shift
   # A tree configured with another compiler, or not for tests (a fuzzer-only
   # tree of tests/fuzz/run.sh), is configured afresh.
   if [ -f "$dir/CMakeCache.txt" ] && { ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++-14$' "$dir/CMakeCache.txt" ||
        grep -q '^SF_BUILD_TESTS:BOOL=OFF' "$dir/CMakeCache.txt"; }; then
     rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
   fi
-  build "$dir" --target "$targets" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+  echo "== configure $dir $*"
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" "${launcher[@]}" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
     -DSF_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-    -DSF_UNITY=ON -DSF_TEST_PCH=ON "$@"
+    -DSF_UNITY=ON -DSF_TEST_PCH=ON "$@" > "$dir/build.log" 2>&1 || { cat "$dir/build.log"; exit 1; }
+}
+build_unit() {  # build_unit DIR "TARGETS"
+  local dir=$1 targets=$2
+  echo "== build $dir $targets"
+  # shellcheck disable=SC2086  # the targets, split on spaces
+  cmake --build "$dir" -j "$jobs" --target $targets >> "$dir/build.log" 2>&1 || { tail -80 "$dir/build.log"; exit 1; }
+  took "build $dir"
   python3 tests/support/check_unit_targets.py "$dir"
 }
 
@@ -115,18 +124,29 @@ downloads_pid=$!
   python3 tests/python/packaging/test_wheel.py --prebuild build/wheel-prebuilt || exit
   took "the wheel's prebuild" ) > build/wheel-prebuilt.log 2>&1 &
 wheel_pid=$!
-# The ASan tree's lock (tests/fuzz/run.sh's), taken here, before ctest can
-# start fuzz_build: held (fd 7) by the background builds until that tree is built.
-exec 7> build-asan.lock
+# Each sanitizer tree's lock (TREE.lock: tests/fuzz/run.sh's and
+# tests/support/after_build.sh's), taken here, before ctest can start a test
+# of that tree: held (fds 7 and 6) by the background builds until that tree
+# is built. The two trees are configured first, at normal priority (their
+# tests join ctest's run below), then built at idle priority.
+exec 7> build-asan.lock 6> build-tsan.lock
 flock 7
+flock 6
+rm -f build/sanitizer-trees-configured
 ( job_clock
+  configure_unit build-asan -DSF_SANITIZE=address -DSF_FUZZERS=ON
+  configure_unit build-tsan -DSF_SANITIZE=thread
+  touch build/sanitizer-trees-configured
+  took "configure build-asan and build-tsan"
   chrt --idle -p 0 $BASHPID > /dev/null || echo "chrt --idle failed: these builds run at normal priority"
-  build_unit build-asan "sf_unit_tests sf_fuzzers" -DSF_SANITIZE=address -DSF_FUZZERS=ON
+  build_unit build-asan "sf_unit_tests sf_fuzzers"
   flock -u 7
   exec 7>&-
-  build_unit build-tsan sf_unit_tests -DSF_SANITIZE=thread ) > build/background-builds.log 2>&1 &
+  build_unit build-tsan sf_unit_tests
+  flock -u 6
+  exec 6>&- ) > build/background-builds.log 2>&1 &
 background_pid=$!
-exec 7>&-  # the background builds hold the lock now
+exec 7>&- 6>&-  # the background builds hold the locks now
 # An early exit (a failed build) takes them down with it.
 kill_tree() {
   local c
@@ -140,26 +160,29 @@ build build "${normal_tree[@]}" -DSF_PYTHON_TORCH2="$torch2" -DSF_FUZZ_DIR="$PWD
 wait "$downloads_pid" || true  # each failure is its test's to report
 cat build/downloads.log
 took "what was left of the downloads"
-echo "== tests: everything"
-(cd build && ctest -j "$jobs" --output-on-failure)
-took "tests: everything"
+# One ctest run (tests/support/pool_ctest_trees.py): the normal tree's whole
+# suite, then the two sanitizer trees' unit suites (tests named asan:NAME and
+# tsan:NAME), each of which waits for its tree's background build
+# (tests/support/after_build.sh) and is started after every test of the
+# normal tree. As two runs one after the other, the sanitizer suites (their
+# tests mostly wait: 188 CPU-s in 134 s on 2 cores) left a core idle, and so
+# did the first run's tail.
+while [ ! -e build/sanitizer-trees-configured ] && kill -0 "$background_pid" 2> /dev/null; do
+  sleep 1
+done
+[ -e build/sanitizer-trees-configured ] || { cat build/background-builds.log; exit 1; }
+rm -rf build/test-pool
+python3 tests/support/pool_ctest_trees.py build/test-pool --first build --label unit \
+  --after-build 1800 build-asan=asan build-tsan=tsan
+echo "== tests: everything, and the ASan + UBSan (asan:*) and TSan (tsan:*) trees' unit suites"
+(cd build/test-pool &&
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../../tests/tsan.supp" \
+  ctest -j "$jobs" --output-on-failure)
+took "tests: everything, and the sanitizer trees' unit suites"
 
 wait "$wheel_pid" || true  # its failure is the wheel test's (it then built its own)
 grep -E "^   \(the wheel's prebuild" build/wheel-prebuilt.log || true
-echo "== the sanitizer trees (built in the background; the rest of their build now)"
 wait "$background_pid" || { cat build/background-builds.log; exit 1; }
-grep -E '^   \(build |check_unit_targets' build/background-builds.log || true
-took "sanitizer builds, what was left of them"
-
-# The two trees' unit suites in one ctest pool (tests/support/pool_ctest_trees.py:
-# each test named asan:NAME or tsan:NAME), so that neither tree's tail leaves
-# a core idle: 104 s against 58 + 75 one tree after the other (warm).
-echo "== tests: AddressSanitizer + UBSan (asan:*) and ThreadSanitizer (tsan:*), one pool"
-rm -rf build/sanitizer-pool
-python3 tests/support/pool_ctest_trees.py build/sanitizer-pool build-asan=asan build-tsan=tsan
-(cd build/sanitizer-pool &&
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../../tests/tsan.supp" \
-  ctest -j "$jobs" -L unit --output-on-failure)
-took "tests: ASan + UBSan and TSan"
+grep -E '^   \((configure|build) |check_unit_targets' build/background-builds.log || true
 cpu_now
 echo "   (in all: $SECONDS s, $((cpu / ticks - start_cpu)) CPU-s busy of $((jobs * SECONDS)) on $jobs cores)"

@@ -64,6 +64,14 @@ else
   [ $# -eq 2 ] || { echo "usage: run.sh [--build-dir DIR] (--build | TARGET SECONDS | --ctest TARGET RUNS SEED)"; exit 2; }
   target=$1 seconds=$2
 fi
+if [ "$ctest_mode" = 1 ]; then
+  # A build of this tree under way (scripts/test.sh's background build of
+  # build-asan holds the lock until it is done): wait for it, so that the
+  # target below is the finished one.
+  exec 8> "$dir.lock"
+  flock -s 8
+  exec 8>&-
+fi
 [ -x "$dir/tests/fuzz/$target" ] || build
 work=$dir/corpus/$target
 if [ "$ctest_mode" = 1 ]; then
