@@ -104,9 +104,9 @@ took "packages, the torch2 venv"
 #     these same sources, into build/wheel-prebuilt: python_wheel_torch2
 #     waits for it and checks that wheel (test_wheel.py --prebuilt);
 #   - the two sanitizer trees, the ASan tree with the libFuzzer targets
-#     (SF_FUZZERS: one clang build for both; ctest's fuzz_build, pointed at
-#     it by SF_FUZZ_DIR, waits for its lock and finds them built;
-#     tests/fuzz/run.sh).
+#     (SF_FUZZERS: one clang build for both; ctest's fuzz tests, pointed at
+#     it by SF_FUZZ_DIR, each wait for its lock and find them built;
+#     tests/fuzz/run.sh), and their unit suites join ctest's run below.
 # Each logs into its tree; a failure is reported when its result is needed.
 mkdir -p build build-asan
 ( job_clock

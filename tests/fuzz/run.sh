@@ -33,7 +33,7 @@ targets="fuzz_options fuzz_shim fuzz_abi"
 build() {
   mkdir -p "$dir"
   # One build of a tree at a time (scripts/test.sh starts one in the
-  # background; ctest's fuzz_build then waits for it and finds it built).
+  # background; ctest's fuzz tests then wait for it and find it built).
   exec 8> "$dir.lock"
   flock 8
   launcher=()
