@@ -30,7 +30,7 @@ sf_options clamped(sf_options o) {
 Context::Context(const sf_options& opts, BackendMaker makeBackend)
     : opts_(clamped(opts)),
       trace_(Tracer::fromEnvironment(opts_.rank, opts_.world_size)),
-      reducer_(opts_, [this](sf_device d) -> Backend& { return backendFor(d); }),
+      reducer_(opts_),
       rendezvous_(std::make_shared<Rendezvous>(opts_)) {
   if (!makeBackend) fail(SF_ERR_INTERNAL, "a Context needs a BackendMaker");
   makeBackend_ = std::move(makeBackend);
@@ -53,12 +53,38 @@ Context::~Context() {
   }
 }
 
+namespace {
+// What serves host memory when backend = nccl: registering a host gradient
+// succeeds (as it always has), and its first collective is refused.
+class RefusedBackend final : public Backend {
+ public:
+  explicit RefusedBackend(std::string why) : why_(std::move(why)) {}
+  const char* name() const override { return "refused"; }
+  void connect() override { fail(SF_ERR_UNSUPPORTED, why_); }
+  std::unique_ptr<Work> startAllreduce(void*, int64_t, sf_dtype, ReduceSpec) override {
+    fail(SF_ERR_UNSUPPORTED, why_);
+  }
+  void allreduceMaxInt64(int64_t*, int64_t) override { fail(SF_ERR_UNSUPPORTED, why_); }
+  void barrierQuietly() noexcept override {}
+  void broadcast(void*, size_t, int) override { fail(SF_ERR_UNSUPPORTED, why_); }
+
+ private:
+  std::string why_;
+};
+}  // namespace
+
+sf_device Context::controlDevice() const {
+  return opts_.backend == SF_BACKEND_NCCL ? SF_DEVICE_CUDA : SF_DEVICE_HOST;
+}
+
 Backend& Context::backendFor(sf_device device) {
   std::lock_guard<std::mutex> lock(backendsMutex_);
   auto& slot = backends_[device];
   if (slot) return *slot;
   if (device == SF_DEVICE_HOST && opts_.backend == SF_BACKEND_NCCL) {
-    fail(SF_ERR_UNSUPPORTED, "backend = nccl cannot reduce host-memory gradients; use gloo or auto");
+    slot = std::make_unique<RefusedBackend>(
+        "backend = nccl cannot reduce host-memory gradients; use gloo or auto");
+    return *slot;
   }
   if (device == SF_DEVICE_CUDA && opts_.backend == SF_BACKEND_GLOO) {
     fail(SF_ERR_UNSUPPORTED, "backend = gloo cannot reduce CUDA gradients; use nccl or auto");
@@ -96,14 +122,12 @@ void Context::adoptNcclComm(void* comm) {
 
 void Context::setBucketCapMb(double mb) {
   validateCap(mb, "bucket_cap_mb");
-  reducer_.beforeBuild("bucket caps can only change before",
-                       [&] { opts_.bucket_cap_mb = mb; });
+  reducer_.setBucketCapMb(mb);
 }
 
 void Context::setFirstBucketCapMb(double mb) {
   validateCap(mb, "first_bucket_cap_mb");
-  reducer_.beforeBuild("bucket caps can only change before",
-                       [&] { opts_.first_bucket_cap_mb = mb; });
+  reducer_.setFirstBucketCapMb(mb);
 }
 
 int64_t Context::registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_device device,
@@ -118,12 +142,13 @@ int64_t Context::registerGradient(void* data, int64_t numel, sf_dtype dtype, sf_
   } else if (numel > (int64_t(1) << 58) / int64_t(dtypeSize(dtype))) {
     s << "numel = " << numel << " is too large";
   } else {
-    if (device == SF_DEVICE_CUDA) {
-      // SF_ERR_UNSUPPORTED now, not at the first synchronization.
-      Backend& backend = backendFor(device);
-      if (data) backend.checkDeviceMemory(data, size_t(numel) * dtypeSize(dtype));
+    // Resolved here, once per device, and handed down with the gradient. A
+    // CUDA gradient: SF_ERR_UNSUPPORTED now, not at the first synchronization.
+    Backend& backend = backendFor(device);
+    if (device == SF_DEVICE_CUDA && data) {
+      backend.checkDeviceMemory(data, size_t(numel) * dtypeSize(dtype));
     }
-    return reducer_.addGradient(data, numel, dtype, device, name);
+    return reducer_.addGradient(data, numel, dtype, device, name, backend);
   }
   fail(SF_ERR_INVALID_ARGUMENT, s.str());
 }
@@ -486,9 +511,7 @@ void Context::setShardLayout(sf_shard_layout layout) {
     fail(SF_ERR_INVALID_ARGUMENT, "layout = " + std::to_string(layout) +
                                       " is not an sf_shard_layout (0 none, 1 flat, 2 parameter)");
   }
-  reducer_.beforeBuild("the shard layout can only change before (sf_build_buckets, "
-                       "sf_gradient_data, sf_shard_range, ...)",
-                       [&] { opts_.shard_layout = layout; });
+  reducer_.setShardLayout(layout);
 }
 
 void Context::registerParameter(int64_t id, void* data, int64_t numel, sf_dtype dtype,

@@ -53,7 +53,9 @@ class Context {
   ~Context();
 
   // ---- Options and registration -------------------------------------------
-  const sf_options& options() const { return opts_; }
+  // The options in force: the caps and the shard layout as the reducer holds
+  // them (the one copy the build reads; opts_ keeps the creation's values).
+  const sf_options& options() const { return reducer_.options(); }
   void setBucketCapMb(double mb);
   void setFirstBucketCapMb(double mb);
   void setShardLayout(sf_shard_layout layout);
@@ -146,11 +148,16 @@ class Context {
   sf_stats stats() const;
 
  private:
+  // The one place that decides which backend serves a device's memory
+  // (made on first use through the BackendMaker, counted, handed the host's
+  // stream; backend = gloo refuses CUDA, backend = nccl host memory at its
+  // first collective), and which device's backend carries the control
+  // collectives.
   Backend& backendFor(sf_device device);
+  sf_device controlDevice() const;
   Backend* madeBackend(sf_device device);  // nullptr until backendFor made it
-  // The backend for control collectives: Gloo (host memory), or NCCL when
-  // backend = nccl.
-  Backend& controlBackend();
+  // The backend for control collectives: backendFor(controlDevice()).
+  Backend& controlBackend() { return backendFor(controlDevice()); }
   void checkId(int64_t id) const;
   // gradReady outside a window: the clock's pass and `id` to the reducer.
   void markReady(int64_t id);

@@ -22,10 +22,6 @@ void Context::setStore(const sf_store& store, const char* prefix) {
   rendezvous_->setHostStore(store, prefix ? prefix : "");
 }
 
-Backend& Context::controlBackend() {
-  return backendFor(opts_.backend == SF_BACKEND_NCCL ? SF_DEVICE_CUDA : SF_DEVICE_HOST);
-}
-
 void Context::checkIdle(const char* what) const {
   if (clock_.inWindow()) {
     fail(SF_ERR_INVALID_STATE, std::string(what) +

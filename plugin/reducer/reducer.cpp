@@ -14,10 +14,9 @@
 
 namespace sfsync {
 
-Reducer::Reducer(const sf_options& opts, BackendFor backendFor)
+Reducer::Reducer(const sf_options& opts)
     : opts_(opts),
-      backendFor_(std::move(backendFor)),
-      memory_([this](sf_device d) -> MemoryOps& { return memoryFor(d); }) {}
+      memory_([this](sf_device d) -> MemoryOps& { return backendOf(d); }) {}
 
 Reducer::~Reducer() {
   quiesce();  // collectives in flight read and write our buffers
@@ -25,8 +24,10 @@ Reducer::~Reducer() {
   memory_.release();
 }
 
-MemoryOps& Reducer::memoryFor(sf_device device) {
-  return device == SF_DEVICE_HOST ? MemoryOps::host() : backendFor_(device);
+Backend& Reducer::backendOf(sf_device device) {
+  Backend* backend = deviceBackends_[size_t(device)];
+  if (!backend) fail(SF_ERR_INTERNAL, "no backend was handed for device " + std::to_string(device));
+  return *backend;
 }
 
 // ---- Reductions: the pass, the order, the waits -----------------------------
@@ -99,7 +100,7 @@ void Reducer::startAllLocked(const PassRef& pass) {
 
 void Reducer::start(size_t i, bool early, const PassRef& pass) {
   const BucketBuffers& b = memory_[i];
-  Backend& backend = backendFor_(b.plan->device);
+  Backend& backend = *backends_[i];  // resolved at the build
   if (!verified_) {
     try {
       backend.connect();
@@ -140,14 +141,14 @@ void Reducer::start(size_t i, bool early, const PassRef& pass) {
     // Weighted: the window's weight and sums freeze as bucket 0 starts.
     totals_.describe(i, spec);
     try {
-      totals_.encode(i, b, memoryFor(b.plan->device));
+      totals_.encode(i, b, backend);
     } catch (const Error& e) {
       failWith(e.status(), e.what());
     }
   }
   if (check_.carries(i)) {
     try {
-      check_.encode(b, memoryFor(b.plan->device), pass.window);
+      check_.encode(b, backend, pass.window);
     } catch (const Error& e) {
       failWith(e.status(), e.what());
     }
@@ -211,7 +212,7 @@ void Reducer::waitBucketLocked(size_t i, const PassRef& pass) {
     // segment; the next window's weight and sums start at 0.
     try {
       const BucketBuffers& first = memory_[0];
-      totals_.collect(first, ownSegment(first), memoryFor(first.plan->device));
+      totals_.collect(first, ownSegment(first), *backends_[0]);
     } catch (const Error& e) {
       failWith(e.status(), e.what());
     }
@@ -242,9 +243,9 @@ bool Reducer::synchronize(const PassRef& pass) {
   }
   if (check_.carrier() >= 0) {
     const BucketBuffers& b = memory_[size_t(check_.carrier())];
+    Backend& backend = *backends_[size_t(check_.carrier())];
     try {
-      check_.verify(b, ownSegment(b), memoryFor(b.plan->device), backendFor_(b.plan->device),
-                    opts_.world_size);
+      check_.verify(b, ownSegment(b), backend, backend, opts_.world_size);
     } catch (const Error& e) {
       failWith(e.status(), e.what());
     }

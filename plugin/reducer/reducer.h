@@ -18,19 +18,22 @@
 // each rank owning one segment, parameters all-gathered after the host's
 // step). Both share one picture of a bucket (shard_plan.h: the unsharded
 // layout is one segment); start() is the one place that picks the collective.
-// Setup, then plan: until the build the reducer reads the Context's options
-// (the one copy: caps, shard layout, reduce op), which change only through
-// beforeBuild(); the build turns them and the registrations into the plan
-// (bucket plan, memory with its shard layouts, window check, totals, cycles)
-// and the options are frozen from then on.
+// Setup, then plan: the reducer holds the options its build reads (the one
+// copy of the caps and the shard layout, which change only through its
+// setters until the build) and each device's backend, handed with the
+// device's first gradient by the Context, which resolved it. The build turns
+// them and the registrations into the plan (bucket plan, memory with its
+// shard layouts, window check, totals, cycles, each bucket's backend), and
+// everything is frozen from then on. The reducer never calls up: every call
+// is handed what it needs (its pass, its backends).
 //
 // Sharded contexts also own the parameters' buffers (a flat parameter buffer
 // laid out as the logical bucket layout, host-owned parameters copied in and
 // out of it around a gather).
 
+#include <array>
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,26 +75,28 @@ struct ReducerCounters {
 
 class Reducer {
  public:
-  // Returns the backend for a device (created on first use by the caller).
-  using BackendFor = std::function<Backend&(sf_device)>;
-
-  // `opts`: the caller's options, read (never copied) for the reducer's
-  // lifetime; they may change only through beforeBuild().
-  Reducer(const sf_options& opts, BackendFor backendFor);
+  // `opts`: copied; the caps and the shard layout change only through the
+  // setters below, before the build.
+  explicit Reducer(const sf_options& opts);
   ~Reducer();
 
-  // ---- Registration and the build (reducer.cpp) ---------------------------
+  // ---- Registration and the build (reducer_build.cpp) ---------------------
   // SF_ERR_INVALID_ARGUMENT when the total size of the registered gradients
-  // would pass kMaxTotalBytes (names the gradient).
+  // would pass kMaxTotalBytes (names the gradient). `backend`: the transport
+  // and memory of `device`, resolved by the caller (the same one for every
+  // gradient of a device); it must outlive the reducer.
   int64_t addGradient(void* hostData, int64_t numel, sf_dtype dtype, sf_device device,
-                      const char* name);
+                      const char* name, Backend& backend);
   // The parameter of gradient `id` (hostData NULL: plugin-owned). The caller
   // has checked id; checks the layout, the state and the match.
   void addParameter(int64_t id, void* hostData, int64_t numel, sf_dtype dtype, sf_device device);
-  // Runs `edit` (a change of the options the build reads: caps, shard
-  // layout) under the reducer's lock while the buckets are not built;
-  // SF_ERR_INVALID_STATE ("the buckets are already built; <what>") after.
-  void beforeBuild(const char* what, const std::function<void()>& edit);
+  // The options the build reads, before it (values checked by the caller);
+  // SF_ERR_INVALID_STATE once the buckets are built.
+  void setBucketCapMb(double mb);
+  void setFirstBucketCapMb(double mb);
+  void setShardLayout(sf_shard_layout layout);
+  // The options as the build reads them (caps and shard layout as set).
+  const sf_options& options() const { return opts_; }
   // Once true, plan() and the gradients' addresses never change.
   bool built() const { return built_.load(std::memory_order_acquire); }
   // Every implicitly building call (build, gradientData, zero, markReady,
@@ -183,7 +188,10 @@ class Reducer {
   void logPlan() const;
   bool sharded() const { return opts_.shard_layout != SF_SHARD_NONE; }
   int64_t ownSegment(const BucketBuffers& b) const { return b.layout.world > 1 ? opts_.rank : 0; }
-  MemoryOps& memoryFor(sf_device device);  // host memory, or the device's backend's
+  // The device's backend (its memory too), as handed with its gradients.
+  Backend& backendOf(sf_device device);
+  // Before the build, under the lock: SF_ERR_INVALID_STATE naming `what` after it.
+  void requireNotBuilt(const std::string& what) const;
   void checkBucketIndex(int64_t bucket, const char* what) const;
   void requireSharded(const char* what) const;
 
@@ -210,8 +218,9 @@ class Reducer {
   void throwIfFailed() const;
   bool drainLocked() noexcept;  // wait for all work; false if any failed
 
-  const sf_options& opts_;  // the Context's: frozen once built
-  BackendFor backendFor_;
+  sf_options opts_;  // caps and shard layout as set; frozen once built
+  // Each device's backend (indexed by sf_device), as addGradient was handed it.
+  std::array<Backend*, 2> deviceBackends_{};
   std::vector<Gradient> grads_;
   std::atomic<int64_t> registered_{0};  // grads_.size(), published for lock-free readers
   int64_t totalBytes_ = 0;  // of grads_, at most kMaxTotalBytes
@@ -219,6 +228,7 @@ class Reducer {
   // Built once (built_), under mutex_.
   std::vector<PlannedBucket> plan_;
   BucketMemory memory_;              // bucket i's buffers: memory_[i]
+  std::vector<Backend*> backends_;   // bucket i's backend: backends_[i]
   std::vector<BucketCycle> cycles_;  // bucket i's state and its Work in flight: cycles_[i]
   WindowCheck check_;
   WindowTotals totals_;    // weighted windows: the weight and the window sums

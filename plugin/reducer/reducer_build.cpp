@@ -15,12 +15,17 @@ namespace sfsync {
 // ---- Registration -----------------------------------------------------------
 
 int64_t Reducer::addGradient(void* hostData, int64_t numel, sf_dtype dtype, sf_device device,
-                             const char* name) {
+                             const char* name, Backend& backend) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (built()) {
     fail(SF_ERR_INVALID_STATE,
          "the buckets are already built (by sf_build_buckets, sf_gradient_data, sf_grad_ready or "
          "sf_synchronize); register every gradient before that");
+  }
+  Backend*& deviceBackend = deviceBackends_[size_t(device)];
+  if (deviceBackend && deviceBackend != &backend) {
+    fail(SF_ERR_INTERNAL, "gradients of device " + std::to_string(device) +
+                              " were handed two different backends");
   }
   const int64_t id = int64_t(grads_.size());
   std::string label = name && *name ? name : "#" + std::to_string(id);
@@ -35,6 +40,7 @@ int64_t Reducer::addGradient(void* hostData, int64_t numel, sf_dtype dtype, sf_d
     fail(SF_ERR_INVALID_ARGUMENT, m.str());
   }
   grads_.push_back(Gradient{hostData, numel, dtype, device, label, hostData == nullptr});
+  deviceBackend = &backend;
   totalBytes_ += bytes;
   registered_.store(id + 1, std::memory_order_release);
   return id;
@@ -71,10 +77,27 @@ void Reducer::addParameter(int64_t id, void* hostData, int64_t numel, sf_dtype d
   fail(SF_ERR_INVALID_ARGUMENT, m.str());
 }
 
-void Reducer::beforeBuild(const char* what, const std::function<void()>& edit) {
+void Reducer::requireNotBuilt(const std::string& what) const {
+  if (built()) fail(SF_ERR_INVALID_STATE, "the buckets are already built; " + what);
+}
+
+void Reducer::setBucketCapMb(double mb) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (built()) fail(SF_ERR_INVALID_STATE, std::string("the buckets are already built; ") + what);
-  edit();
+  requireNotBuilt("bucket caps can only change before");
+  opts_.bucket_cap_mb = mb;
+}
+
+void Reducer::setFirstBucketCapMb(double mb) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requireNotBuilt("bucket caps can only change before");
+  opts_.first_bucket_cap_mb = mb;
+}
+
+void Reducer::setShardLayout(sf_shard_layout layout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requireNotBuilt("the shard layout can only change before (sf_build_buckets, "
+                  "sf_gradient_data, sf_shard_range, ...)");
+  opts_.shard_layout = layout;
 }
 
 void Reducer::requireSharded(const char* what) const {
@@ -99,6 +122,8 @@ void Reducer::buildLocked() {
   std::vector<GradSpec> specs;
   for (const auto& g : grads_) specs.push_back({g.numel, g.dtype, g.device});
   plan_ = planBuckets(specs, capBytes(opts_.bucket_cap_mb), capBytes(opts_.first_bucket_cap_mb));
+  backends_.clear();  // each bucket's backend, resolved once
+  for (const PlannedBucket& p : plan_) backends_.push_back(&backendOf(p.device));
   check_.choose(plan_, opts_.world_size, opts_.shard_layout, opts_.wire_dtype);
   // Each tail: the window check's elements, then the weighted window's limbs.
   std::vector<int64_t> reserve = check_.reserve(plan_.size());
@@ -181,7 +206,7 @@ void Reducer::zero() {
   if (nextToStart_ > 0) {
     fail(SF_ERR_INVALID_STATE, "a synchronization is in flight; call sf_synchronize first");
   }
-  for (auto& g : grads_) memoryFor(g.device).zero(g.data, size_t(g.bytes()));
+  for (auto& g : grads_) backendOf(g.device).zero(g.data, size_t(g.bytes()));
 }
 
 int64_t Reducer::gradientBytes() const {

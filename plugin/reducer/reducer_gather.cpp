@@ -17,7 +17,7 @@ void Reducer::startGatherLocked(size_t i) {
   const BucketBuffers& b = memory_[i];
   const sf_dtype dtype = b.plan->dtype;
   const size_t esize = dtypeSize(dtype);
-  MemoryOps& memory = memoryFor(b.plan->device);
+  Backend& backend = *backends_[i];
   std::unique_ptr<Work> work;
   try {
     // Host-owned parameters: this rank's stepped part into the bucket.
@@ -26,7 +26,7 @@ void Reducer::startGatherLocked(size_t i) {
       if (g.paramOwned) continue;
       const ShardRange r = ownedRange(b.layout, g.offset, g.numel, ownSegment(b));
       if (r.count == 0) continue;
-      memory.copy(b.params + size_t(g.offset + r.offset) * esize,
+      backend.copy(b.params + size_t(g.offset + r.offset) * esize,
                   static_cast<const char*>(g.param) + size_t(r.offset) * esize,
                   size_t(r.count) * esize);
     }
@@ -35,7 +35,7 @@ void Reducer::startGatherLocked(size_t i) {
     spec.trace = trace_;
     spec.segmentUsed = b.layout.used;
     spec.payload = ReduceSpec::Payload::kParameters;
-    work = backendFor_(b.plan->device).startAllgather(b.params, b.layout.shardElems, dtype, spec);
+    work = backend.startAllgather(b.params, b.layout.shardElems, dtype, spec);
   } catch (const Error& e) {
     failWith(e.status(), e.what());
   }
@@ -61,7 +61,7 @@ void Reducer::waitGatherLocked(size_t i) {
   c.gatherDone();
   const BucketBuffers& b = memory_[i];
   const size_t esize = dtypeSize(b.plan->dtype);
-  MemoryOps& memory = memoryFor(b.plan->device);
+  MemoryOps& memory = *backends_[i];
   try {
     for (int64_t id : b.plan->grads) {
       Gradient& g = grads_[size_t(id)];
@@ -206,7 +206,7 @@ void Reducer::gatherGradients(const PassRef& pass) {
       spec.trace = trace_;
       spec.segmentUsed = b.layout.used;
       spec.maskElems = maskElems_[i];  // for the wire counts
-      Backend& backend = backendFor_(b.plan->device);
+      Backend& backend = *backends_[i];
       cycles_[i].startGradientGather(
           backend.startAllgather(b.storage, b.layout.segmentElems, b.plan->dtype, spec));
     } catch (const Error& e) {

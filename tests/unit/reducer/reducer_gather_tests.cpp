@@ -1,5 +1,5 @@
 // The reducer's gathers (plugin/reducer/reducer_gather.cpp) through a
-// Reducer built directly, without the C ABI: its BackendFor returns a
+// Reducer built directly, without the C ABI: each gradient is handed a
 // Stamping backend of this file, a RecordingBackend (tests/support) whose
 // all-gathers also write what the other ranks would send: segment k of the
 // gathered buffer becomes 1000 * (k + 1) + its element index, for every k
@@ -88,7 +88,7 @@ struct Bench {
     opts.bucket_cap_mb = 1.0;
     opts.first_bucket_cap_mb = capBytes / 1048576.0;
     backend = std::make_unique<Stamping>(log, world, rank);
-    red = std::make_unique<Reducer>(opts, [this](sf_device) -> Backend& { return *backend; });
+    red = std::make_unique<Reducer>(opts);
     host.resize(numels.size());
     hostParam.resize(numels.size());
     for (size_t id = 0; id < numels.size(); ++id) {
@@ -97,7 +97,9 @@ struct Bench {
         host[id].assign(size_t(numels[id]), 0.0f);
         data = host[id].data();
       }
-      BOOST_REQUIRE_EQUAL(red->addGradient(data, numels[id], SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr), int64_t(id));
+      BOOST_REQUIRE_EQUAL(
+          red->addGradient(data, numels[id], SF_DTYPE_FLOAT32, SF_DEVICE_HOST, nullptr, *backend),
+          int64_t(id));
       if (shard == SF_SHARD_NONE) continue;
       void* param = nullptr;
       if (std::find(hostParams.begin(), hostParams.end(), int64_t(id)) != hostParams.end()) {
