@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "plugin/core/dtype.h"
 #include "plugin/core/error.h"
-#include "plugin/core/limb_codec.h"
 #include "sfsync.h"
 
 namespace sfsync {
@@ -35,33 +35,20 @@ struct ReduceSpec {
   // a backend may leave off the wire (their values afterwards: as before the
   // call, or summed). Empty: every element holds data.
   std::vector<int64_t> segmentUsed;
-  // Weighted windows (SF_REDUCE_WEIGHTED; weight.usable()): element
-  // weightAt of each segment's reserved tail (after scaledElems) starts
-  // weight.limbs elements holding this rank's window weight as limbs
-  // (core/limb_codec.h). The backend sums them with the rest, decodes the
-  // global weight from its own segment's tail (in the precision the wire
-  // carried them) and multiplies the scaled elements by 1 / weight in its
-  // averaging step, instead of prescale * postscale (both 1 then); a global
-  // weight of 0 leaves the sums as they are (the reducer reports the
-  // window). A backend that cuts a bucket into pieces keeps the limbs in
-  // one piece and scales no piece before the weight is decoded.
-  LimbCodec weight;
-  int64_t weightAt = 0;
   // For the wire counts (sf_stats.wire_*, counting_backend.h) only; no
-  // backend reads them. weightElems: the limbs' elements in each segment's
-  // tail (the weight's, and in bucket 0 the window sums'); maskElems: of
+  // backend reads them. A weighted window's limbs (the reducer's
+  // window_totals.h: they ride in the reserved tail and are summed as the
+  // rest of it; the reducer decodes them and asks startScale() afterwards):
+  // weightAt, where they start in each segment's tail, and weightElems, how
+  // many (the weight's, and in bucket 0 the window sums'); maskElems: of
   // the data elements, those of the used-parameter mask (a gradient named
   // "sfsync.used"); payload: what a gather carries.
+  int64_t weightAt = 0;
   int64_t weightElems = 0;
   int64_t maskElems = 0;
   enum class Payload { kGradients, kParameters };
   Payload payload = Payload::kGradients;
 };
-
-// The factor a weighted bucket's data is multiplied by: 1 / the global
-// weight decoded from `limbs` (spec.weight.limbs values of `dtype` at
-// `limbs`, host memory), or 1 when that weight is 0 or not finite.
-double weightedScale(const ReduceSpec& spec, const char* limbs, sf_dtype dtype);
 
 // A collective in flight. wait() returns when it is done and throws
 // sfsync::Error (SF_ERR_BACKEND or SF_ERR_TIMEOUT) if it failed.
@@ -137,6 +124,19 @@ class Backend : public MemoryOps {
                                                ReduceSpec spec) {
     (void)data, (void)segmentElems, (void)dtype, (void)spec;
     fail(SF_ERR_UNSUPPORTED, std::string("the ") + name() + " backend has no all-gather");
+  }
+  // Since 0.5: the scaling step after a plain reduction (a weighted
+  // window's 1 / global weight, which the reducer decodes): multiply
+  // `numel` elements at `data`, this backend's memory, by `factor` in place,
+  // after the reductions started before it. The default: host memory, done
+  // on return.
+  virtual std::unique_ptr<Work> startScale(void* data, int64_t numel, sf_dtype dtype,
+                                           double factor) {
+    scaleInPlace(data, numel, dtype, factor);
+    struct Done : Work {
+      void wait() override {}
+    };
+    return std::make_unique<Done>();
   }
   // Blocking, control path (sf_allreduce_float64): elementwise sum of `n`
   // float64 values in host memory across ranks. No reduction may be in flight.

@@ -47,7 +47,7 @@ WireCounts bucketPayload(BucketCollective kind, int64_t elems, int64_t world, in
     const bool listed = !allreduce && !padding && size_t(r) < spec.segmentUsed.size();
     data += listed ? std::min(dataEnd, spec.segmentUsed[size_t(r)]) : dataEnd;
   }
-  const int64_t limbs = spec.weight.usable() ? std::min(tail, spec.weightElems) : 0;
+  const int64_t limbs = std::min(tail, spec.weightElems);
   const int64_t mask = std::min(data, spec.maskElems);
   const int64_t dataBytes = (data - mask) * wireBytes;
   if (spec.payload == ReduceSpec::Payload::kParameters) {

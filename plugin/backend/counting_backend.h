@@ -71,6 +71,10 @@ class CountingBackend : public Backend {
                                            ReduceSpec spec) override;
   std::unique_ptr<Work> startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
                                        ReduceSpec spec) override;
+  std::unique_ptr<Work> startScale(void* data, int64_t numel, sf_dtype dtype,
+                                   double factor) override {
+    return inner_->startScale(data, numel, dtype, factor);  // no wire
+  }
   void allreduceSumFloat64(double* data, int64_t n) override;
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
   void barrierQuietly() noexcept override { inner_->barrierQuietly(); }

@@ -96,53 +96,6 @@ void setBuffer(gloo::AllreduceOptions& opts, void* data, int64_t numel) {
   opts.setOutput(static_cast<T*>(data), size_t(numel));
 }
 
-// A weighted bucket's pieces (ReduceSpec::weight) on several lanes: the
-// piece that holds the limbs (the last) publishes 1 / global weight once
-// its sum is done; every piece is scaled by it exactly once, by its own lane
-// when it finishes after that, else by the publishing lane (a lane never
-// waits for another: a piece queued behind a waiting one could be the
-// publisher).
-class WeightGate {
- public:
-  using Scale = std::function<void(double)>;
-  void scaleWhenKnown(Scale scale) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!known_) {
-      pending_.push_back(std::move(scale));
-      return;
-    }
-    const double factor = factor_;
-    lock.unlock();
-    scale(factor);
-  }
-  void publish(double factor) {
-    std::vector<Scale> pending;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      known_ = true;
-      factor_ = factor;
-      pending.swap(pending_);
-    }
-    for (auto& scale : pending) scale(factor);
-  }
-
- private:
-  std::mutex mutex_;
-  bool known_ = false;
-  double factor_ = 1.0;
-  std::vector<Scale> pending_;
-};
-
-// The elements of the piece of a collective over `elems` that starts at
-// `begin`: pieces of `pieceElems`, except that where the reserved tail
-// starting at `tailStart` (>= 0: a weighted bucket) would be cut, the piece
-// before it takes the rest, so that the limbs travel in one piece.
-int64_t pieceCount(int64_t begin, int64_t pieceElems, int64_t elems, int64_t tailStart) {
-  const int64_t count = std::min(pieceElems, elems - begin);
-  if (tailStart >= 0 && begin + count < elems && begin + count > tailStart) return elems - begin;
-  return count;
-}
-
 // A bucket's collective: one or more pieces on lanes. wait() waits for every
 // piece (none may still write into the bucket after it returns), then
 // reports the first failure.
@@ -307,20 +260,11 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
   const sf_dtype wire = allreduceWireDtype(dtype);
   // Pieces sized in the bucket's own dtype, on consecutive lanes.
   const int64_t elemBytes = int64_t(dtypeSize(dtype));
-  // Weighted: the limbs in one piece (the last), whose lane publishes the
-  // weight to the others (WeightGate); on a 16-bit wire one piece (each
-  // lane's 16-bit scratch is reused by its next piece, so a piece cannot
-  // wait there for the weight).
-  const bool weighted = spec.weight.usable();
-  const int64_t pieceElems = weighted && wire != dtype
-                                 ? std::max<int64_t>(1, numel)
-                                 : pieceElemsOf(numel, elemBytes, numel * elemBytes, lanes_);
-  const int64_t tailStart = weighted ? spec.scaledElems : -1;
-  auto gate = weighted ? std::make_shared<WeightGate>() : nullptr;
+  const int64_t pieceElems = pieceElemsOf(numel, elemBytes, numel * elemBytes, lanes_);
   std::vector<std::future<TaskResult>> futures;
   int64_t count = 0;
   for (int64_t begin = 0; begin < numel || (numel == 0 && futures.empty()); begin += count) {
-    count = pieceCount(begin, pieceElems, numel, tailStart);
+    count = std::min(pieceElems, numel - begin);
     void* at = static_cast<char*>(data) + begin * elemBytes;
     // The reducer serializes its calls: the same sequence on every rank.
     const PieceSlot slot = nextPieceSlot();
@@ -329,8 +273,7 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
     auto context = context_;
     std::vector<uint16_t>* scratch = &wireScratch_[lane];  // only this lane's thread uses it
     const int64_t piece = int64_t(futures.size());
-    auto task = [this, context, scratch, at, begin, count, dtype, wire, spec, lane, piece, tag,
-                 elemBytes, gate, numel] {
+    auto task = [this, context, scratch, at, begin, count, dtype, wire, spec, lane, piece, tag] {
       throwIfFailed();  // another lane failed: fail now, not at this lane's timeout
       const int64_t wireBytes = count * int64_t(dtypeSize(wire));
       const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane), "wire",
@@ -348,34 +291,13 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
           narrowTo16(scratch->data(), in, scaled, wire, float(spec.prescale));
           narrowTo16(scratch->data() + scaled, in + scaled, count - scaled, wire, 1.0f);
           glooCall("allreduce", [&] { reduceNative(context, scratch->data(), count, wire, tag); });
-          // Weighted: the global weight from the summed 16-bit limbs (exact there).
-          const double post =
-              spec.weight.usable()
-                  ? weightedScale(spec,
-                                  reinterpret_cast<const char*>(scratch->data() + scaled +
-                                                                spec.weightAt),
-                                  wire)
-                  : spec.postscale;
           float* out = static_cast<float*>(at);
-          widenFrom16(out, scratch->data(), scaled, wire, float(post));
+          widenFrom16(out, scratch->data(), scaled, wire, float(spec.postscale));
           widenFrom16(out + scaled, scratch->data() + scaled, count - scaled, wire, 1.0f);
           return;
         }
         if (spec.prescale != 1.0) scaleInPlace(at, scaled, dtype, spec.prescale);
         glooCall("allreduce", [&] { reduceNative(context, at, count, dtype, tag); });
-        if (gate) {
-          // Weighted: this piece scaled by 1 / the global weight, which the
-          // last piece (the limbs' own) decodes and publishes.
-          auto scaleThis = [at, scaled, dtype](double factor) {
-            if (factor != 1.0 && scaled > 0) scaleInPlace(at, scaled, dtype, factor);
-          };
-          if (begin + count == numel) {
-            gate->publish(weightedScale(
-                spec, static_cast<const char*>(at) + (scaled + spec.weightAt) * elemBytes, dtype));
-          }
-          gate->scaleWhenKnown(scaleThis);
-          return;
-        }
         if (spec.postscale != 1.0) scaleInPlace(at, scaled, dtype, spec.postscale);
       } catch (const Error& e) {
         noteFailure(e.status(), e.what());
@@ -397,16 +319,12 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
   // A segment's piece puts world_size times its bytes on the wire.
   const int64_t pieceElems = std::max<int64_t>(
       1, pieceElemsOf(segmentElems, elemBytes, segmentElems * elemBytes * opts_.world_size, lanes_));
-  // Weighted: the limbs (each segment's tail) in the last piece, whose lane
-  // publishes the weight to the others (WeightGate).
-  const int64_t tailStart = spec.weight.usable() ? spec.scaledElems : -1;
-  auto gate = spec.weight.usable() ? std::make_shared<WeightGate>() : nullptr;
   const int rank = opts_.rank;
   const std::chrono::milliseconds timeout(opts_.timeout_ms);
   std::vector<std::future<TaskResult>> futures;
   int64_t count = 0;
   for (int64_t begin = 0; begin < segmentElems; begin += count) {
-    count = pieceCount(begin, pieceElems, segmentElems, tailStart);
+    count = std::min(pieceElems, segmentElems - begin);
     // One sequence with the all-reduces: the same tags and lanes on every rank.
     const PieceSlot slot = nextPieceSlot();
     const uint32_t tag = slot.tag;
@@ -416,7 +334,7 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
     const int64_t piece = int64_t(futures.size());
     char* base = static_cast<char*>(data);
     auto task = [this, context, scratch, base, begin, count, dtype, elemBytes, segmentElems, spec,
-                 lane, piece, tag, rank, timeout, gate] {
+                 lane, piece, tag, rank, timeout] {
       throwIfFailed();
       int64_t sent = 0;
       const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane),
@@ -435,18 +353,6 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
                                    ? count
                                    : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
         char* own = base + (rank * segmentElems + begin) * elemBytes;
-        if (gate) {
-          // Weighted: the last piece holds this segment's tail, the limbs.
-          auto scaleThis = [own, scaled, dtype](double factor) {
-            if (factor != 1.0 && scaled > 0) scaleInPlace(own, scaled, dtype, factor);
-          };
-          if (begin + count == segmentElems) {
-            const char* limbs = base + (rank * segmentElems + spec.scaledElems + spec.weightAt) * elemBytes;
-            gate->publish(weightedScale(spec, limbs, dtype));
-          }
-          gate->scaleWhenKnown(scaleThis);
-          return;
-        }
         const double factor = spec.prescale * spec.postscale;
         if (factor != 1.0 && scaled > 0) scaleInPlace(own, scaled, dtype, factor);
       } catch (const Error& e) {

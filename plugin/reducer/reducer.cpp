@@ -190,6 +190,7 @@ void Reducer::waitBucketLocked(size_t i, const PassRef& pass) {
   const BucketBuffers& b = memory_[i];
   try {
     c.reduction().wait();
+    if (totals_.weighted()) scaleByWeightLocked(i);
   } catch (const Error& e) {
     c.abandon();
     failWith(e.status(), e.what());
@@ -218,6 +219,18 @@ void Reducer::waitBucketLocked(size_t i, const PassRef& pass) {
     }
   }
   if (trace_) trace_->instant(0, "finish", "\"bucket\":" + std::to_string(i));
+}
+
+void Reducer::scaleByWeightLocked(size_t i) {
+  // The backend summed; the weight is decoded here, once (window_totals.h),
+  // and the backend scales this rank's data (its segment, sharded).
+  const BucketBuffers& b = memory_[i];
+  Backend& backend = *backends_[i];
+  const int64_t own = ownSegment(b);
+  const double factor = totals_.scaleOf(i, b, own, backend);
+  if (factor == 1.0 || b.layout.shardElems == 0) return;
+  char* data = b.storage + size_t(own * b.layout.segmentElems) * dtypeSize(b.plan->dtype);
+  backend.startScale(data, b.layout.shardElems, b.plan->dtype, factor)->wait();
 }
 
 void Reducer::waitBucket(int64_t bucket, const PassRef& pass) {

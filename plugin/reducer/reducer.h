@@ -207,6 +207,8 @@ class Reducer {
   // be added to the window (reduce_op weighted, bucket 0 not yet started).
   void requireWindowOpenLocked(const PassRef& pass) const;
   void waitBucketLocked(size_t bucket, const PassRef& pass);  // wait, copy back, mark reduced
+  // Weighted, once bucket i's sum is done: its data times 1 / global weight.
+  void scaleByWeightLocked(size_t bucket);
   bool reducedIn(int64_t pass) const;  // every bucket
 
   // Gathers.

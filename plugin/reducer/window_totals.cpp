@@ -3,6 +3,7 @@
 
 #include "plugin/reducer/window_totals.h"
 
+#include <cmath>
 #include <string>
 
 #include "plugin/core/dtype.h"
@@ -68,9 +69,28 @@ void WindowTotals::describe(size_t i, ReduceSpec& spec) const {
     return;
   }
   spec.postscale = 1.0;
-  spec.weight = codecs_[i];
   spec.weightAt = at_[i];
   spec.weightElems = limbElems(i);
+}
+
+std::vector<double> WindowTotals::readLimbs(size_t i, const BucketBuffers& b, int64_t segment,
+                                            int64_t n, MemoryOps& memory) const {
+  const sf_dtype dtype = b.plan->dtype;  // a 16-bit wire's sums, widened exactly
+  const size_t esize = dtypeSize(dtype);
+  std::vector<char> bytes(static_cast<size_t>(n) * esize);
+  memory.readSmall(bytes.data(), b.reservedTail(segment) + size_t(at_[i]) * esize, bytes.size());
+  std::vector<double> sums(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) sums[size_t(j)] = loadFromDtype(bytes.data() + size_t(j) * esize, dtype);
+  return sums;
+}
+
+double WindowTotals::scaleOf(size_t i, const BucketBuffers& b, int64_t ownSegment,
+                             MemoryOps& memory) const {
+  if (codecs_.empty()) return 1.0;  // world size 1: describe()'s postscale divided
+  const LimbCodec& c = codecs_[i];
+  const double weight = c.decode(readLimbs(i, b, ownSegment, c.limbs, memory).data());
+  if (weight == 0.0 || !std::isfinite(weight)) return 1.0;
+  return 1.0 / weight;
 }
 
 void WindowTotals::encode(size_t i, const BucketBuffers& b, MemoryOps& memory) const {
@@ -99,14 +119,7 @@ const WindowTotals::Totals& WindowTotals::collect(const BucketBuffers& first, in
     totals_ = local_;
   } else {
     const LimbCodec& c = codecs_[0];
-    const sf_dtype dtype = first.plan->dtype;
-    const size_t esize = dtypeSize(dtype);
-    const int64_t n = limbElems(0);
-    std::vector<char> bytes(static_cast<size_t>(n) * esize);
-    memory.readSmall(bytes.data(), first.reservedTail(ownSegment) + size_t(at_[0]) * esize,
-                     bytes.size());
-    std::vector<double> sums(static_cast<size_t>(n));
-    for (int64_t j = 0; j < n; ++j) sums[size_t(j)] = loadFromDtype(bytes.data() + size_t(j) * esize, dtype);
+    const std::vector<double> sums = readLimbs(0, first, ownSegment, limbElems(0), memory);
     totals_.weight = c.decode(sums.data());
     for (int k = 0; k < kSums; ++k) totals_.sums[size_t(k)] = c.decode(sums.data() + c.limbs * (1 + k));
   }

@@ -4,11 +4,14 @@
 // collectives. Responsible for this rank's weight and sums of the window in
 // progress, the codec of each bucket (core/limb_codec.h, for the dtype its
 // limbs travel in), how many tail elements each bucket reserves and where
-// its limbs start, writing the limbs before a bucket's collective, and
-// reading the global totals once the window's buckets are reduced. Not
-// responsible for when buckets start (the reducer, which also refuses a
-// late weight), for dividing (the backends, ReduceSpec::weight), or for the
-// window check's elements before its own in the same tail.
+// its limbs start, writing the limbs before a bucket's collective, and,
+// once a bucket's plain sum is done, decoding the global weight from its own
+// segment's tail into the factor its data is scaled by (the one place the
+// weight is decoded; the backends only sum and scale), and reading the
+// global totals once the window's buckets are reduced. Not responsible for
+// when buckets start (the reducer, which also refuses a late weight, and
+// asks its backend for the scaling step), or for the window check's
+// elements before its own in the same tail.
 //
 // The weight rides in every bucket (each divides by it), the window sums in
 // the first bucket only (the first to start, and the one that freezes the
@@ -53,8 +56,14 @@ class WindowTotals {
   void addSums(const double* values, int count);
   double localWeight() const { return local_.weight; }
 
-  // What bucket i's ReduceSpec says about the weight (codec, where).
+  // Bucket i's ReduceSpec: at world size 1 the local weight's division as
+  // its postscale; else a plain sum (the limbs' place, for the wire counts).
   void describe(size_t i, ReduceSpec& spec) const;
+  // Once bucket i's plain sum is done (world size > 1): 1 / the global
+  // weight decoded from the limbs in segment `ownSegment`'s tail, as the
+  // wire summed them; 1 when that weight is 0 or not finite (the sums stay
+  // as they are; the reducer reports the window) and at world size 1.
+  double scaleOf(size_t i, const BucketBuffers& b, int64_t ownSegment, MemoryOps& memory) const;
   // Before bucket i's collective: this rank's limbs into every segment's tail.
   void encode(size_t i, const BucketBuffers& b, MemoryOps& memory) const;
   // Once every bucket of the window is reduced: the global totals from the
@@ -67,6 +76,9 @@ class WindowTotals {
 
  private:
   int64_t limbElems(size_t i) const;  // limbs of bucket i (weight, and sums in bucket 0)
+  // The first `n` limbs of bucket i's segment `segment`, summed, as doubles.
+  std::vector<double> readLimbs(size_t i, const BucketBuffers& b, int64_t segment, int64_t n,
+                                MemoryOps& memory) const;
 
   bool weighted_ = false;
   std::vector<LimbCodec> codecs_;  // per bucket; empty at world size 1

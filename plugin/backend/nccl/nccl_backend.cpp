@@ -46,39 +46,7 @@ class NcclWork : public Work {
 
 }  // namespace
 
-// A weighted bucket's work (ReduceSpec::weight): the plain sum, then, once it
-// is done, the global weight read from the limbs in this rank's segment
-// (through the host's stream: a few bytes) and the data scaled by 1 / weight
-// on the plugin's stream (scale_start), waited for the same way. NCCL cannot
-// divide by a value its own collective produces, so on a GPU the division
-// is a pass of its own over the bucket (one NCCL kernel on one rank).
-class NcclBackend::WeightedWork : public Work {
- public:
-  WeightedWork(NcclBackend& backend, std::unique_ptr<Work> sum, char* data, int64_t scaled,
-               sf_dtype dtype, ReduceSpec spec)
-      : backend_(backend), sum_(std::move(sum)), data_(data), scaled_(scaled), dtype_(dtype),
-        spec_(std::move(spec)) {}
-  void wait() override {
-    if (!sum_) return;
-    std::unique_ptr<Work> sum = std::move(sum_);
-    sum->wait();
-    const size_t esize = dtypeSize(dtype_);
-    std::vector<char> limbs(size_t(spec_.weight.limbs) * esize);
-    backend_.readSmall(limbs.data(), data_ + size_t(scaled_ + spec_.weightAt) * esize, limbs.size());
-    const double factor = weightedScale(spec_, limbs.data(), dtype_);
-    if (factor != 1.0 && scaled_ > 0) backend_.scale(data_, scaled_, dtype_, factor)->wait();
-  }
-
- private:
-  NcclBackend& backend_;
-  std::unique_ptr<Work> sum_;
-  char* data_;      // this rank's segment
-  int64_t scaled_;  // its data elements (the limbs follow them, at weightAt)
-  sf_dtype dtype_;
-  ReduceSpec spec_;
-};
-
-std::unique_ptr<Work> NcclBackend::scale(void* data, int64_t numel, sf_dtype dtype, double factor) {
+std::unique_ptr<Work> NcclBackend::startScale(void* data, int64_t numel, sf_dtype dtype, double factor) {
   if (api_.struct_size < offsetof(sfn_api, scale_start) + sizeof api_.scale_start ||
       !api_.scale_start) {
     fail(SF_ERR_UNSUPPORTED, "nccl: the loaded libsfsync_nccl.so predates weighted windows "
@@ -219,16 +187,10 @@ std::unique_ptr<Work> NcclBackend::startAllreduce(void* data, int64_t numel, sf_
   connect();
   sfn_work* work = nullptr;
   sfn_error err;
-  const bool weighted = spec.weight.usable();
-  check(api_.allreduce_start(comm_, data, numel, spec.scaledElems, dtype,
-                             weighted ? 1.0 : spec.prescale, weighted ? 1.0 : spec.postscale,
-                             &work, &err),
+  check(api_.allreduce_start(comm_, data, numel, spec.scaledElems, dtype, spec.prescale,
+                             spec.postscale, &work, &err),
         err);
-  auto sum = std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
-  if (!weighted) return sum;
-  return std::make_unique<WeightedWork>(*this, std::move(sum), static_cast<char*>(data),
-                                        spec.scaledElems < 0 ? numel : spec.scaledElems, dtype,
-                                        spec);
+  return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
 }
 
 std::unique_ptr<Work> NcclBackend::startReduceScatter(void* data, int64_t segmentElems,
@@ -236,17 +198,10 @@ std::unique_ptr<Work> NcclBackend::startReduceScatter(void* data, int64_t segmen
   connect();
   sfn_work* work = nullptr;
   sfn_error err;
-  const bool weighted = spec.weight.usable();
-  check(api_.reduce_scatter_start(comm_, data, segmentElems, dtype, weighted ? 1.0 : spec.prescale,
-                                  weighted ? 1.0 : spec.postscale, &work, &err),
+  check(api_.reduce_scatter_start(comm_, data, segmentElems, dtype, spec.prescale,
+                                  spec.postscale, &work, &err),
         err);
-  auto sum = std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
-  if (!weighted) return sum;
-  // This rank's segment: its shard, then its tail (the limbs after weightAt).
-  char* own = static_cast<char*>(data) + size_t(opts_.rank * segmentElems) * dtypeSize(dtype);
-  return std::make_unique<WeightedWork>(*this, std::move(sum), own,
-                                        spec.scaledElems < 0 ? segmentElems : spec.scaledElems,
-                                        dtype, spec);
+  return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
 }
 
 std::unique_ptr<Work> NcclBackend::startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,

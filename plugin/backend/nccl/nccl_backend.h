@@ -70,11 +70,14 @@ class NcclBackend : public Backend {
   // SF_ERR_INVALID_ARGUMENT unless [p, p + bytes) is memory of this rank's GPU.
   void checkDeviceMemory(const void* p, size_t bytes) override;
 
+  // `numel` elements at `data` times `factor` on the plugin's stream, after
+  // the bucket's sum (a weighted window's division: NCCL cannot divide by a
+  // value its own collective produces, so on a GPU it is a pass of its own,
+  // one NCCL kernel on one rank).
+  std::unique_ptr<Work> startScale(void* data, int64_t numel, sf_dtype dtype,
+                                   double factor) override;
+
  private:
-  class WeightedWork;
-  // Since 0.4: `numel` elements at `data` times `factor` on the plugin's
-  // stream (a weighted bucket's division), as a Work.
-  std::unique_ptr<Work> scale(void* data, int64_t numel, sf_dtype dtype, double factor);
   sfn_device* device();  // opened on first use; mutex_ held
   void check(int32_t status, const sfn_error& err) const;
 

@@ -98,7 +98,7 @@ class TransportBackend : public RecordingBackend {
   void tail(int64_t elems, int64_t es, int64_t segments, const ReduceSpec& spec) {
     if (spec.scaledElems < 0) return;
     seen_.tailBytes += segments * (elems - spec.scaledElems) * es;
-    if (spec.weight.usable()) seen_.weightBytes += segments * (elems - spec.scaledElems - spec.weightAt) * es;
+    if (spec.weightElems > 0) seen_.weightBytes += segments * (elems - spec.scaledElems - spec.weightAt) * es;
   }
 
   int world_;
