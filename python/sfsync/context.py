@@ -1,15 +1,11 @@
-"""Longer than 400 lines: Context is one class with a method per function of
-the ABI that takes an sf_context (every one a few lines); splitting it would
-split the ABI's one object.
-
-The Pythonic layer over the binding: ``Context`` (an sf_context: its
+"""The Pythonic layer over the binding: ``Context`` (an sf_context: its
 gradients as numpy views, the window as a context manager, stats as a dict,
 the host's key-value store as two Python callables), ``options()`` and
 ``digest()``.
 
 Responsible for: the context's lifetime and every call on it. Not
 responsible for: loading and errors (loader.py, errors.py), the declarations
-(_abi.py), torch (sfsync.torch).
+(_abi.py), what a buffer argument may be (buffers.py), torch (sfsync.torch).
 """
 
 import contextlib
@@ -22,6 +18,7 @@ from sfsync._abi import (DEVICE_CUDA, DEVICE_HOST, DTYPE_BFLOAT16, DTYPE_FLOAT16
                          REDUCE_WEIGHTED, RENDEZVOUS_MAX, WINDOW_SUMS, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
                          STORE_TIMEOUT, Options, Stats, Store)
 from sfsync._abi import _ContextPtr  # the binding's opaque pointer type (see loader.py)
+from sfsync.buffers import address_and_size, digest
 from sfsync.loader import BACKEND_NAMES, error, lib, loaded, log, prefer_torch_cuda_libraries
 
 __all__ = ["DTYPE_SIZES", "DTYPE_NAMES", "options", "digest", "Context"]
@@ -49,43 +46,6 @@ def _named(table, key, value):
     except KeyError:
         raise error(ERR_INVALID_ARGUMENT, "options: %s = %r is not one of %s"
                     % (key, value, ", ".join(sorted(table)))) from None
-
-
-def _address_and_size(data, nbytes=None):
-    """(address, bytes) of a buffer: an int address with ``nbytes``, an object
-    with ``data_ptr()`` (a contiguous CPU torch tensor), a numpy array, or a
-    bytes-like object."""
-    if isinstance(data, int):
-        if nbytes is None:
-            raise TypeError("a raw address needs nbytes")
-        return data, int(nbytes)
-    if hasattr(data, "data_ptr") and hasattr(data, "element_size"):
-        if getattr(data, "is_cuda", False) or not data.is_contiguous():
-            raise error(ERR_INVALID_ARGUMENT, "the tensor must be a contiguous CPU tensor")
-        size = data.numel() * data.element_size()
-        return data.data_ptr(), size if nbytes is None else int(nbytes)
-    if hasattr(data, "ctypes") and hasattr(data, "nbytes"):  # numpy
-        if not data.flags["C_CONTIGUOUS"]:
-            raise error(ERR_INVALID_ARGUMENT, "the array must be C-contiguous")
-        return data.ctypes.data, data.nbytes if nbytes is None else int(nbytes)
-    view = memoryview(data)
-    if not view.contiguous:
-        raise error(ERR_INVALID_ARGUMENT, "the buffer must be contiguous")
-    raw = view.cast("B")
-    if raw.readonly:
-        buf = (ctypes.c_char * len(raw)).from_buffer_copy(raw)
-    else:
-        buf = (ctypes.c_char * len(raw)).from_buffer(raw)
-    return ctypes.addressof(buf), len(raw) if nbytes is None else int(nbytes)
-
-
-def digest(data, seed=0, nbytes=None):
-    """sf_digest: the 64-bit digest (an int) of a buffer's bytes (see
-    _address_and_size for what ``data`` may be), chained from ``seed``."""
-    address, size = _address_and_size(data, nbytes)
-    out = ctypes.c_uint64()
-    lib().sf_digest(address or None, size, seed, ctypes.byref(out))
-    return out.value
 
 
 def _set_fields(opts, overrides):
@@ -405,7 +365,7 @@ class Context:
         """sf_broadcast: copy a writable buffer (contiguous CPU tensor, numpy
         array, writable bytes-like, or int address with ``nbytes``) from rank
         ``root`` to every rank, in place (collective)."""
-        address, size = _address_and_size(data, nbytes)
+        address, size = address_and_size(data, nbytes)
         lib().sf_broadcast(self.handle, address or None, size, root)
 
     def digest_gradients(self):

@@ -59,8 +59,10 @@ The package, one module per concern (each says what it owns and what not):
 ``store`` (the flat gradient/parameter stores, every pointer and device
 decision), ``verify`` (replica checks), ``face`` (what every host face
 shares: the HostWindow, no_sync, the face's state dict), ``gradient_sync``
-(GradientSync), ``ddp`` (attach, DDPSync, the comm hook), ``optim``
-(SyncOptimizer; ``optim_state`` its state dicts), ``weighted`` (weigh,
+(GradientSync), ``window_driver`` (the one sequence of a window's
+collectives, which GradientSync and the optimizer each call), ``ddp``
+(attach, DDPSync, the comm hook), ``optim`` (SyncOptimizer over a
+``shard_map``; ``optim_state`` its state dicts), ``weighted`` (weigh,
 window_sums), ``rendezvous``
 (make_context, the c10d store), ``integrations/`` (Accelerate, Lightning,
 transformers: one file each). This module only re-exports their public

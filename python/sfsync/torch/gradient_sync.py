@@ -1,17 +1,16 @@
-"""Longer than 400 lines: one class, whose docstring (60 lines) is the
-user's reference for every argument; the stores, the optimizer and the
-checks it uses are apart.
-
-GradientSync: sfsync in place of DDP for an nn.Module (see
+"""GradientSync: sfsync in place of DDP for an nn.Module (see
 sfsync/torch/__init__.py for the two ways in).
 
 Responsible for: attaching a module (its trainable parameters into a
 GradientStore, the autograd hooks that report each gradient and see each
 pass end), the pass and window bookkeeping through the face's HostWindow,
-the layout check at each synchronization, the unused-parameter ``.grad =
-None``, the buffer broadcast, and handing a window to its SyncOptimizer.
-Not responsible for: the memory of the gradients (store.py), the optimizer
-(optim.py), replica checks (verify.py), DDP (ddp.py).
+the layout check at each synchronization, and telling its WindowDriver
+when a pass and a window end. Not responsible for: the window's
+collectives (the publish, the buffer broadcast, the waits and gathers:
+window_driver.py, which the optimizer calls too; GradientSync never calls
+the optimizer), the memory of the gradients (store.py), the optimizer
+(optim.py), replica checks (verify.py), DDP (ddp.py), the checks of its
+arguments and parameters (attach_checks.py).
 """
 
 import os
@@ -22,11 +21,15 @@ import torch
 import sfsync
 from sfsync import shard
 from sfsync.host_window import HostWindow
+from sfsync.torch.attach_checks import (accumulate_dtype_of, call, check_layout, forward_hook,
+                                        grad_hook, post_accumulate_hook, sharded_bucket_cap_mb,
+                                        signature, trainable)
 from sfsync.torch.face import SET_TO_NONE_DEFAULT, WindowFace, check_counts, set_window
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.store import GradientStore, broadcast_tensors
 from sfsync.torch.verify import Verifier, named_state
 from sfsync.torch.weighted import Weighing, is_weighted, reduce_option
+from sfsync.torch.window_driver import WindowDriver
 
 __all__ = ["GradientSync"]
 
@@ -140,15 +143,16 @@ class GradientSync(WindowFace, Weighing):
             if not flat_buffer:
                 raise ValueError("GradientSync(shard_optimizer=True) keeps parameters in the "
                                  "plugin's flat buffer: flat_buffer=False does not fit")
-        self.accumulate_dtype = _accumulate_dtype(accumulate_dtype, flat_buffer, hooks,
-                                                  shard_optimizer)
+        self.accumulate_dtype = accumulate_dtype_of(accumulate_dtype, flat_buffer, hooks,
+                                                    shard_optimizer)
         self.shard_optimizer = bool(shard_optimizer)
         self.shard_layout = shard_layout if shard_optimizer else "none"
         self._optimizer = None  # sync.optimizer(...): steps per bucket (sfsync/torch/optim.py)
+        self._driver = None  # the window's collectives (window_driver.py), made with the store
         self._weighted = False  # reduce_op "weighted" (weighted.py), known once the context is
         self._window = HostWindow("GradientSync", accumulation_steps)
         self.module = module
-        self.params, self.names = self._trainable(module)
+        self.params, self.names = trainable(module)
         if not self.params:
             raise ValueError("GradientSync: the module has no parameter that requires grad "
                              "(and has elements)")
@@ -158,7 +162,7 @@ class GradientSync(WindowFace, Weighing):
                 raise ValueError("GradientSync: accumulate_dtype=%s is narrower than parameter "
                                  "%s's dtype %s: it would lose precision, not keep it"
                                  % (self.accumulate_dtype, n, p.dtype))
-        self._signature = self._signature_of(self.params)
+        self._signature = signature(self.params)
         self.flat_buffer = flat_buffer
         self.broadcast_buffers = broadcast_buffers
         self._track_unused = bool(hooks and find_unused_parameters)
@@ -167,7 +171,6 @@ class GradientSync(WindowFace, Weighing):
         self._hooks = bool(hooks)
         self._handles = []
         self.store = None  # the registered gradients (store.py), made with the context
-        self._in_pass = False  # a backward pass is running (its first gradient came)
         self._reported = None
         self._verify_every = verify_every
         self._verifier = None
@@ -193,6 +196,11 @@ class GradientSync(WindowFace, Weighing):
             o = ctx.options()
             self.rank, self.world_size = o["rank"], o["world_size"]
             self._weighted = is_weighted(ctx)
+            self._driver = WindowDriver(
+                ctx, self.store, self._window, module=module, params=self.params,
+                names=self.names, rank=self.rank, world_size=self.world_size,
+                sharded=self.shard_optimizer, shard_layout=self.shard_layout,
+                broadcast_buffers=broadcast_buffers, accumulate_dtype=self.accumulate_dtype)
             if connect and self.world_size > 1:
                 ctx.connect()
             if broadcast and self.world_size > 1:
@@ -214,19 +222,6 @@ class GradientSync(WindowFace, Weighing):
 
     # -- setup
 
-    @staticmethod
-    def _trainable(module):
-        """The parameters sfsync synchronizes: those that require grad and
-        have elements (a zero-size one, which DDP accepts, has nothing to
-        reduce: autograd gives it its own empty .grad)."""
-        names = {id(p): n for n, p in module.named_parameters()}
-        params = [p for p in module.parameters() if p.requires_grad and p.numel() > 0]
-        return params, [names.get(id(p), "param%d" % i) for i, p in enumerate(params)]
-
-    @staticmethod
-    def _signature_of(params):
-        return [(id(p), tuple(p.shape), p.dtype, p.device) for p in params]
-
     @property
     def _ids(self):
         """The gradient id of each parameter (the store's)."""
@@ -240,13 +235,13 @@ class GradientSync(WindowFace, Weighing):
             for i, p in enumerate(self.params):
                 if public:  # runs after the new gradient was added into p.grad
                     self._handles.append((None, p.register_post_accumulate_grad_hook(
-                        _post_accumulate_hook(grad, i))))
+                        post_accumulate_hook(grad, i))))
                     continue
                 # torch 1.13: a post hook on p's AccumulateGrad node (the
                 # same moment). Kept here: the parameter holds it weakly.
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                self._handles.append((acc, acc.register_hook(_grad_hook(grad, i))))
-        self._handles.append((None, self.module.register_forward_pre_hook(_forward_hook(forward))))
+                self._handles.append((acc, acc.register_hook(grad_hook(grad, i))))
+        self._handles.append((None, self.module.register_forward_pre_hook(forward_hook(forward))))
 
     # -- the pass and the window
 
@@ -263,7 +258,7 @@ class GradientSync(WindowFace, Weighing):
             self._end_pass()
 
     def _window_start(self):
-        return self._window.at_boundary and not self._in_pass
+        return self._driver.at_boundary()
 
     def __call__(self, *args, **kwargs):
         """The module's forward (DDP's face)."""
@@ -286,14 +281,13 @@ class GradientSync(WindowFace, Weighing):
         set_window(self.context, self._window.begin_pass(self._host_inside))
 
     def _forward(self):
-        if not torch.is_grad_enabled() or self._in_pass:
+        if not torch.is_grad_enabled() or self._driver.in_pass:
             return
-        if self._optimizer is not None and self._verifier is not None and \
+        if self._verifier is not None and \
                 self.windows - self._last_verified >= self._verify_every:
-            self._optimizer.wait_parameters()  # the digest reads every parameter
+            self._driver.wait_parameters()  # the digest reads every parameter
         if self._window_start():
-            if self._optimizer is not None:
-                self._optimizer.window_starts()
+            self._driver.begin_window()
             self.store.attach_grads()
             # Before the window's first forward moves a buffer (BatchNorm
             # statistics: each rank's own batches), while every rank still
@@ -303,14 +297,14 @@ class GradientSync(WindowFace, Weighing):
         self._verify_if_due()
 
     def _start_pass(self):
-        self._in_pass = True
+        self._driver.in_pass = True
         self._reported = [False] * len(self.params)
         self._begin_pass()  # (decided at the forward already, unless it had no hook)
         end = weakref.WeakMethod(self._hook_end_pass)
-        _queue_callback(lambda: _call(end))
+        _queue_callback(lambda: call(end))
 
     def _grad(self, i):
-        if not self._in_pass:
+        if not self._driver.in_pass:
             self._start_pass()
         store, name = self.store, self.names[i]
         g = self.params[i].grad
@@ -332,46 +326,20 @@ class GradientSync(WindowFace, Weighing):
         store.grad_ready(store.take_micro(i), store.ids[i])
 
     def _end_pass(self):
-        self._in_pass = False
+        self._driver.in_pass = False
         if self._track_unused:
             # Parameters without a gradient in this pass are final too: report
             # them (their buckets can go), then the mask.
             for i, done in enumerate(self._reported):
                 if not done:
                     self.context.grad_ready(self._ids[i])
-            if self._optimizer is not None:  # this rank's own use, before the mask is reduced
-                self._optimizer.local_used = self.store.mask.clone()
+            self._driver.pass_ended()  # this rank's own use, before the mask is reduced
             if self.store.mask_id is not None:
                 self.store.grad_ready(self.store.mask, self.store.mask_id)
         if self._window.end_pass():
             self._synchronize()
 
     # -- per window
-
-    def _check_layout(self):
-        params, names = self._trainable(self.module)
-        sig = self._signature_of(params)
-        if sig == self._signature:
-            return
-        old = {s[0]: (s, n) for s, n in zip(self._signature, self.names)}
-        new = {s[0]: (s, n) for s, n in zip(sig, names)}
-        for s, n in zip(sig, names):
-            if s[0] not in old:
-                raise RuntimeError("sfsync: parameter %r (shape %s) was added or replaced after "
-                                   "GradientSync attached the module; its gradient would not be "
-                                   "synchronized: attach again (a new GradientSync)"
-                                   % (n, list(s[1])))
-        for s, n in zip(self._signature, self.names):
-            if s[0] not in new:
-                raise RuntimeError("sfsync: parameter %r was removed, replaced or frozen after "
-                                   "GradientSync attached the module: attach again" % n)
-            if new[s[0]][0] != s:
-                raise RuntimeError("sfsync: parameter %r changed from shape %s %s to %s %s after "
-                                   "GradientSync attached the module: attach again"
-                                   % (n, list(s[1]), s[2], list(new[s[0]][0][1]),
-                                      new[s[0]][0][2]))
-        raise RuntimeError("sfsync: the module's parameters were reordered after GradientSync "
-                           "attached it: attach again")
 
     def synchronize(self):
         """Reduce what the window accumulated (every rank then holds the same
@@ -388,7 +356,7 @@ class GradientSync(WindowFace, Weighing):
         self._synchronize()
 
     def _synchronize(self):
-        self._check_layout()
+        check_layout(self.module, self._signature, self.names)
         if not self._hooks:
             # No pass was seen: a .grad that zero_grad(set_to_none=True) left
             # None at the window's start is a fresh tensor autograd made (it
@@ -402,18 +370,13 @@ class GradientSync(WindowFace, Weighing):
                     "window)" % (name, "None" if p.grad is None else "another tensor"))
         self.store.before_plugin()  # (hooks=False: no grad_ready ordered the last pass)
         try:
-            if self._optimizer is not None:  # final now, or bucket by bucket in opt.step()
-                self._optimizer.window_closed()
-            else:
-                self.context.synchronize()
-                self.store.after_plugin()  # the current stream after the reduction
-                self._after_synchronize()
+            # final now, or (an optimizer's overlap_step) bucket by bucket in opt.step()
+            self._driver.close_window()
         except sfsync.InvalidStateError:
             if self._weighted and self._zero_weight():
                 # The plugin refused the window (global weight 0) and stays
                 # usable: the window is over, without a step.
-                if self._optimizer is not None:
-                    self._optimizer.window_failed()
+                self._driver.fail_window()
                 self._window.fail_window()
             raise
         self._window.close_window()
@@ -425,19 +388,6 @@ class GradientSync(WindowFace, Weighing):
             return self.context.window_totals()[0] == 0
         except sfsync.SfError:
             return False
-
-    def _after_synchronize(self):
-        """Every bucket reduced: accumulated parameters' .grad (publish),
-        unused parameters' .grad None, buffers."""
-        self.store.publish()
-        unused = self.store.take_unused()
-        if unused:
-            log(sfsync.LOG_TRACE, "window %d: no gradient on any rank for %s" % (
-                self.windows, ", ".join(self.names[i] for i in unused)))
-        if self.broadcast_buffers:
-            buffers = list(self.module.buffers())
-            if buffers and self.world_size > 1:
-                broadcast_tensors(self.context, buffers)
 
     @property
     def sync_optimizer(self):
@@ -460,11 +410,10 @@ class GradientSync(WindowFace, Weighing):
         ``opt.clip_grad_norm_`` and ``opt.step()`` reads it (the frameworks'
         integrations decide it for theirs)."""
         from sfsync.torch.optim import SyncOptimizer
-        self._optimizer = SyncOptimizer(self, optimizer_class, params,
+        self._optimizer = SyncOptimizer(self._driver, optimizer_class, params,
                                         overlap_gather=overlap_gather,
                                         overlap_step=overlap_step,
-                                        whole_gradients=whole_gradients,
-                                        after_synchronize=self._after_synchronize, **defaults)
+                                        whole_gradients=whole_gradients, **defaults)
         return self._optimizer
 
     def accumulated_grads(self):
@@ -485,8 +434,7 @@ class GradientSync(WindowFace, Weighing):
         """Compare the parameters (and buffers if verify_buffers) across ranks
         now (collective, outside a window): ReplicaMismatchError naming the
         first differing tensor."""
-        if self._optimizer is not None:
-            self._optimizer.wait_parameters()
+        self._driver.wait_parameters()
         verifier = self._verifier or Verifier(self.context, named_state(self.module, False))
         verifier.check(self.windows)
 
@@ -526,9 +474,8 @@ class GradientSync(WindowFace, Weighing):
         for _, handle in self._handles:
             handle.remove()
         self._handles = []
-        if self._optimizer is not None:
-            self._optimizer.wait_parameters()
-            self._optimizer.detach()
+        if self._driver is not None:
+            self._driver.close()  # the gathers waited, their hooks removed
         if self.store is not None:
             self.store.release()
         mine = _attached.get(self.module)
@@ -544,62 +491,3 @@ class GradientSync(WindowFace, Weighing):
     def __exit__(self, *exc):
         self.close()
         return False
-
-
-SHARDED_BUCKETS = 8  # the sharded default cap: about this many buckets
-
-
-def sharded_bucket_cap_mb(params):
-    """The sharded default bucket cap (MiB): the gradients' bytes over
-    SHARDED_BUCKETS, within 1..25 MiB (DDP's cap)."""
-    total = sum(p.numel() * p.element_size() for p in params)
-    return min(25.0, max(1.0, total / SHARDED_BUCKETS / 2 ** 20))
-
-
-_ACCUMULATE_DTYPES = (torch.float32, torch.float64)
-
-
-def _accumulate_dtype(value, flat_buffer, hooks, shard_optimizer):
-    """GradientSync's accumulate_dtype, checked (ValueError naming it)."""
-    if value is None:
-        return None
-    if not isinstance(value, torch.dtype) or value not in _ACCUMULATE_DTYPES:
-        raise ValueError("GradientSync: accumulate_dtype must be None, torch.float32 or "
-                         "torch.float64, not %r" % (value,))
-    if not flat_buffer:
-        raise ValueError("GradientSync(accumulate_dtype=%s) accumulates in the plugin's flat "
-                         "buffer: flat_buffer=False does not fit" % value)
-    if not hooks:
-        raise ValueError("GradientSync(accumulate_dtype=%s) adds each micro-batch's gradient "
-                         "at its grad-ready hook: hooks=False does not fit" % value)
-    if shard_optimizer:
-        raise ValueError("GradientSync(accumulate_dtype=%s, shard_optimizer=True): not "
-                         "supported: a sharded parameter's buffer has its gradient's dtype "
-                         "(sf_register_parameter); the sharded optimizer already steps "
-                         "float32 master shards of 16-bit parameters" % value)
-    return value
-
-
-def _call(method, *args):
-    """Call a WeakMethod's method while its object lives."""
-    fn = method()
-    if fn is not None:
-        fn(*args)
-
-
-def _grad_hook(method, i):
-    def hook(grad_inputs, grad_outputs):
-        _call(method, i)
-    return hook
-
-
-def _post_accumulate_hook(method, i):
-    def hook(param):
-        _call(method, i)
-    return hook
-
-
-def _forward_hook(method):
-    def hook(module, inputs):
-        _call(method)
-    return hook

@@ -1,9 +1,4 @@
-"""Longer than 400 lines: the module docstring (about 100 lines) is the user's
-reference for overlap_step, sharding and clipping, and the class is one
-object (set-up, waits, per-bucket steps, clipping); its state dicts are
-apart (optim_state.py).
-
-The optimizer of a GradientSync (``sync.optimizer(cls, params, **kw)``):
+"""The optimizer of a GradientSync (``sync.optimizer(cls, params, **kw)``):
 any torch.optim class stepped bucket by bucket as each bucket's reduction
 completes, and, with ``GradientSync(shard_optimizer=True)``, on this rank's
 shard only (a distributed optimizer: sharded state, parameters gathered
@@ -75,7 +70,7 @@ gradient straddles two ranks (flat layout) it gathers first
 norm from the ranges (equal to rounding). Call it before ``opt.step()``; it
 waits for every bucket (no per-bucket overlap then).
 
-State dicts (optim_state.py, "[Note: the sharded form]"): sharded,
+State dicts (optim_state.py's StateDicts, "[Note: the sharded form]"): sharded,
 ``opt.state_dict()`` is a torch optimizer's whole-model form (state keyed by
 parameter index) whose tensors hold this rank's range only, with
 torch.distributed.checkpoint's shard fields: ``dcp.save`` / ``dcp.load`` of
@@ -99,55 +94,32 @@ GradScaler.unscale_ and the frameworks' clipping over the optimizer's
 parameters see the whole model. Sharded, the inner optimizer over this
 rank's shard tensors gets their hyperparameters (lr, weight_decay, ...)
 before each step, as ZeroRedundancyOptimizer's local optimizer does.
+
+Who calls whom: the optimizer asks the WindowDriver
+(sfsync/torch/window_driver.py) for every collective and wait, and steps
+over a ShardMap (shard_map.py); it never calls GradientSync, which calls the
+same driver. Its state dicts are a StateDicts object (optim_state.py).
 """
 
-import enum
 import math
-import weakref
 
 import torch
 
 from sfsync import shard
 from sfsync.torch import clip
 from sfsync.torch.face import SET_TO_NONE_DEFAULT
-from sfsync.torch.optim_state import ShardedStateDicts
+from sfsync.torch.optim_state import StateDicts
+from sfsync.torch.shard_map import ShardMap, share_state
+from sfsync.torch.window_driver import Phase
 
 __all__ = ["SyncOptimizer", "Phase"]
 
-_LOW = (torch.bfloat16, torch.float16)
 
-
-class Phase(enum.Enum):
-    """Where the optimizer is in the window's cycle."""
-    IDLE = "idle"                  # no window closed since the last step
-    REDUCING = "reducing"          # the window's collectives started, not all waited
-    SYNCHRONIZED = "synchronized"  # every bucket waited: gradients final
-    STEPPED = "stepped"            # sharded: stepped, its gathers started
-
-
-class _Slot:
-    """One model parameter and what this rank steps of it."""
-
-    __slots__ = ("index", "param", "gid", "bucket", "offset", "count", "tensor", "master")
-
-    def __init__(self, index, param, gid, bucket, offset, count):
-        self.index, self.param, self.gid, self.bucket = index, param, gid, bucket
-        self.offset, self.count = offset, count
-        self.tensor = None   # what the inner optimizer steps (None: nothing here)
-        self.master = False  # tensor is a float32 master copy of a bf16/fp16 shard
-
-    def piece(self, t):
-        """This rank's range of ``t`` (shaped as the parameter): ``t`` itself
-        where the rank holds the whole parameter, else a flat view."""
-        if self.offset == 0 and self.count == self.param.numel():
-            return t
-        return t.view(-1)[self.offset:self.offset + self.count]
-
-
-class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
-    """See the module docstring. Made by ``GradientSync.optimizer``, which
-    passes its own ``after_synchronize`` (unused parameters' ``.grad = None``,
-    the buffer broadcast, once every bucket is reduced).
+class SyncOptimizer(torch.optim.Optimizer):
+    """See the module docstring. Made by ``GradientSync.optimizer`` over
+    its WindowDriver (``driver``), which runs every collective of the
+    window (the waits, the mask, the publish, the buffer broadcast, the
+    gathers).
 
     Built as torch's own wrappers are: ``torch.optim.Optimizer.__init__``
     over the model's parameters (the host's ``param_groups``, the step
@@ -158,78 +130,32 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
     ``state``. Stepping bucket b is ``inner[b].step()`` after the host
     groups' hyperparameters were copied into its groups."""
 
-    def __init__(self, sync, optimizer_class, params, overlap_gather=True, overlap_step=False,
-                 after_synchronize=None, whole_gradients=True, **defaults):
+    def __init__(self, driver, optimizer_class, params, overlap_gather=True, overlap_step=False,
+                 whole_gradients=True, **defaults):
         if not (isinstance(optimizer_class, type) and
                 issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError("sync.optimizer: optimizer_class must be a torch.optim.Optimizer "
                             "subclass, not %r" % (optimizer_class,))
-        if sync.sync_optimizer is not None:
+        if driver.stepping:
             raise RuntimeError("sync.optimizer: this GradientSync already has an optimizer")
-        if overlap_step and getattr(sync, "accumulate_dtype", None) is not None:
+        if overlap_step and driver.accumulate_dtype is not None:
             raise ValueError("sync.optimizer(overlap_step=True) steps a bucket before the "
                              "window's gradients are cast into .grad; GradientSync(accumulate_"
-                             "dtype=%s) needs overlap_step=False" % sync.accumulate_dtype)
+                             "dtype=%s) needs overlap_step=False" % driver.accumulate_dtype)
         if not (isinstance(whole_gradients, bool) or callable(whole_gradients)):
             raise TypeError("sync.optimizer: whole_gradients must be True, False or a callable "
                             "returning one, not %r" % (whole_gradients,))
-        self._whole_rule = whole_gradients
-        self._whole = True   # every .grad holds the whole reduced gradient (once waited)
+        self._driver = driver
         self._split = None   # per slot: the gradient straddles two ranks (first clip)
-        self._sync = weakref.proxy(sync)
-        self._store = sync.store
-        self._after_synchronize = after_synchronize if after_synchronize is not None else (
-            lambda: None)
         self._class = optimizer_class
-        self._sharded = sync.shard_optimizer
-        ctx = sync.context
-        self._buckets = ctx.stats()["bucket_count"]
-        # The rule (issue 24): unsharded with one bucket there is no other
-        # bucket's wire time for a step to overlap, so the per-bucket step
-        # cannot win: off (the final-gradient step). Sharded it stays: there
-        # it also leaves out the gradient gather.
-        self.overlap_step = bool(overlap_step) and (self._sharded or self._buckets > 1)
-        index_of = {id(p): i for i, p in enumerate(sync.params)}
-        self._slots = []
-        for i, (p, gid) in enumerate(zip(sync.params, self._store.ids)):
-            off, cnt = shard.shard_range(ctx, gid) if self._sharded else (0, p.numel())
-            self._slots.append(_Slot(i, p, gid, shard.gradient_bucket(ctx, gid), off, cnt))
-        groups = list(params)
-        if not groups:
-            raise ValueError("sync.optimizer: got an empty parameter list")
-        if not isinstance(groups[0], dict):
-            groups = [{"params": groups}]
-        self._full_groups = []
-        seen = set()
-        for g in groups:
-            ps = g["params"]
-            ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
-            slots = []
-            for p in ps:
-                i = index_of.get(id(p))
-                if i is None:
-                    raise ValueError("sync.optimizer: a parameter of shape %s is not one of the "
-                                     "GradientSync's (trainable parameters of its module)"
-                                     % list(p.shape))
-                if i in seen:
-                    raise ValueError("sync.optimizer: parameter %r appears in more than one "
-                                     "group" % sync.names[i])
-                seen.add(i)
-                slots.append(self._slots[i])
-            self._full_groups.append(slots)
-            for s in slots:
-                self._make_tensor(s)
-        self._stepped = [s for group in self._full_groups for s in group if s.tensor is not None]
-        self._by_bucket = [[] for _ in range(self._buckets)]
-        for s in self._stepped:
-            self._by_bucket[s.bucket].append(s)
-        self._unstepped = [s for s in self._slots if s.index not in seen]
-        hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+        self._sharded = driver.sharded
+        self._buckets = driver.context.stats()["bucket_count"]
+        self._map = ShardMap(driver, params, self._buckets)
+        hyper = self._map.hyper
         # One inner optimizer per bucket that this rank steps something of.
         self._inner = []
         for b in range(self._buckets):
-            mine = [[s.tensor for s in slots if s.tensor is not None and s.bucket == b]
-                    for slots in self._full_groups]
+            mine = self._map.tensors(b)
             self._inner.append(optimizer_class([dict(h, params=ts) for h, ts in zip(hyper, mine)],
                                                **defaults) if any(mine) else None)
         template = next((o for o in self._inner if o is not None), None) or optimizer_class(
@@ -237,33 +163,33 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         # The host's view: the model's parameters in the user's groups.
         torch.optim.Optimizer.__init__(
             self, [dict(h, params=[s.param for s in slots])
-                   for h, slots in zip(hyper, self._full_groups)], template.defaults)
+                   for h, slots in zip(hyper, self._map.groups)], template.defaults)
         for outer, inner in zip(self.param_groups, template.param_groups):
             for k, v in inner.items():  # what the class's own __init__ set in its groups
                 outer.setdefault(k, v)
-        self._share_state()
-        self._phase = Phase.IDLE
-        self._waited = set()     # buckets waited this window
-        self._gathering = set()  # buckets whose gather is in flight
-        self.local_used = None   # GradientSync's used mask at the window's last pass (unsharded)
+        share_state(self)
         self.steps = 0
-        self._hooks = []
-        self._patched = []       # modules whose named_parameters() waits for the gathers
+        self._states = StateDicts(self, self._map, driver, optimizer_class)
+        driver.attach_stepping(overlap_step, whole_gradients)
         if self._sharded:
-            self._install_gather_hooks(sync.module, overlap_gather)
-            self._install_read_waits(sync.module)
+            driver.install_gather_waits(self._map.bucket_of(), overlap_gather)
+
+    @property
+    def overlap_step(self):
+        """Steps bucket by bucket inside ``opt.step()`` (see the module
+        docstring; off unsharded with a single bucket)."""
+        return self._driver.overlap_step
+
+    @property
+    def shard_map(self):
+        """What this rank steps of each parameter (shard_map.py's ShardMap)."""
+        return self._map
 
     @property
     def inner_optimizers(self):
         """The inner optimizer of each bucket (None where this rank steps
         nothing of the bucket)."""
         return list(self._inner)
-
-    def _share_state(self):
-        """Every inner optimizer's state is this optimizer's ``state``."""
-        for inner in self._inner:
-            if inner is not None:
-                inner.state = self.state
 
     def _hyperparameters_in(self, inner):
         """The host's hyperparameters (a scheduler's lr, ...) into one inner
@@ -279,80 +205,40 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
     def __repr__(self):
         return "sfsync.%s(%s over %s, %d of %d parameters stepped here)" % (
             type(self).__name__, "sharded" if self._sharded else "per-bucket",
-            self._class.__name__, len(self._stepped), len(self._slots))
+            self._class.__name__, len(self._map.stepped), len(self._map.slots))
 
-    # -- set-up
+    # -- state dicts (optim_state.py's StateDicts)
 
-    def _make_tensor(self, s):
-        p = s.param
-        if not self._sharded:
-            s.tensor = p
-        elif s.count == 0:
-            return None
-        else:
-            view = s.piece(p.data)
-            if p.dtype in _LOW:
-                s.tensor = view.detach().to(torch.float32, copy=True)
-                s.master = True
-            else:
-                s.tensor = view.detach()
-        return s.tensor
+    def state_dict(self):
+        """Unsharded: torch's own. Sharded: the per-rank form (optim_state.py:
+        DCP-ready, whole-model keys, this rank's ranges); after
+        ``consolidate_state_dict(to)``, on rank ``to``, once: the full form."""
+        return self._states.state_dict()
 
-    def _install_gather_hooks(self, module, overlap):
-        by_param = {id(s.param): s.bucket for s in self._slots}
-        me = weakref.WeakMethod(self._wait_gathers)
-        if not overlap:  # every gather waited when the model's forward starts
-            self._hooks.append(module.register_forward_pre_hook(
-                _gather_hook(me, list(range(self._buckets))[::-1])))
-            return
-        for m in module.modules():
-            buckets = sorted({by_param[id(p)] for p in m.parameters(recurse=False)
-                              if id(p) in by_param}, reverse=True)
-            if buckets:
-                self._hooks.append(m.register_forward_pre_hook(_gather_hook(me, buckets)))
+    def full_state_dict(self):
+        """Collective (every rank calls it): the full form, the state dict the
+        same torch.optim class over the whole model would have, on every rank
+        (plus ``"sfsync_master"``, the float32 master of a bf16/fp16
+        parameter, in its state)."""
+        return self._states.full_state_dict()
 
-    def _install_read_waits(self, module):
-        """Reads of the parameters outside a forward wait for the gathers in
-        flight: every module's state_dict() (a checkpoint) and
-        named_parameters() / parameters() (saving, evaluation code, the
-        frameworks' own loops). Direct attribute reads (``model.fc.weight``)
-        cannot be seen: wait_parameters() first, or overlap_gather=False."""
-        me = weakref.ref(self)
-        for m in module.modules():
-            if hasattr(m, "register_state_dict_pre_hook"):
-                self._hooks.append(m.register_state_dict_pre_hook(_read_pre_hook(me)))
-            else:  # torch 1.13 (no public pre hook): a post hook; the dict holds views
-                self._hooks.append(m._register_state_dict_hook(_read_post_hook(me)))
-            m.__dict__["named_parameters"] = _waiting_named_parameters(me, m)
-            self._patched.append(m)
+    def consolidate_state_dict(self, to=0):
+        """ZeroRedundancyOptimizer's protocol (collective: every rank calls
+        it): the full form is gathered on rank ``to``, whose next
+        ``state_dict()`` (before another step) returns it. What Lightning
+        calls before saving from global zero, and what the sfsync
+        integrations call for the HF Trainer and Accelerate."""
+        self._states.consolidate_state_dict(to)
 
-    def detach(self):
-        """GradientSync.close(): remove the hooks and the patched reads."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        for m in self._patched:
-            m.__dict__.pop("named_parameters", None)
-        self._patched = []
+    def load_state_dict(self, state_dict):
+        """Takes any form: unsharded torch's own; sharded the full form (any
+        world size and layout: each rank takes its ranges), this rank's own
+        per-rank form, or a per-rank form that torch.distributed.checkpoint
+        filled (its boxes resharded). Anything else is a ValueError naming
+        the parameter, what the state dict holds and what to save instead."""
+        self._states.load_state_dict(state_dict)
 
-    # -- called by GradientSync (its window protocol)
-
-    def window_closed(self):
-        """The window's last pass ended: start what is left of the bucket
-        collectives; unless overlap_step, wait for all of them, so that
-        every .grad is final when is_step() turns True."""
-        self._gathering.clear()  # the plugin waits for last window's gathers itself
-        shard.synchronize_start(self._sync.context)
-        self._phase = Phase.REDUCING
-        self._waited = set()
-        self._global_used = None
-        self._whole = not self._sharded
-        if not self.overlap_step:
-            self._synchronize(whole=self._wants_whole())
-
-    def _wants_whole(self):
-        rule = self._whole_rule
-        return bool(rule() if callable(rule) else rule)
+    # -- the window (its collectives are the driver's)
 
     @property
     def gradients_whole(self):
@@ -362,48 +248,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         sharded window whose gradients are this rank's ranges only
         (``overlap_step=True``, ``whole_gradients=False``): clip with
         ``opt.clip_grad_norm_``, or call ``opt.gather_gradients()``."""
-        return not self._sharded or self._whole
-
-    def window_failed(self):
-        """The window's synchronization failed and the plugin ended it (a
-        weighted window of global weight 0): nothing to wait for, no step."""
-        self._waited = set(range(self._buckets))
-        self._phase = Phase.IDLE
-
-    def window_starts(self):
-        """A new window starts (forward at its start): a window that was
-        closed without a step is synchronized now (the step is skipped)."""
-        if self._phase == Phase.REDUCING:
-            self._synchronize()
-        self._phase = Phase.IDLE
-
-    # -- waiting
-
-    def _wait(self, b):
-        if b not in self._waited:
-            shard.wait_bucket(self._sync.context, b)
-            self._store.after_plugin()  # the optimizer's stream after the reduction
-            self._waited.add(b)
-
-    def _synchronize(self, whole=False):
-        """Wait for every bucket; the window check and count (sf_synchronize);
-        the used mask (sharded: one sf_allreduce_float64) and the buffers.
-        ``whole`` (sharded): gather the reduced gradient shards too, so that
-        every rank's .grad holds the whole reduced gradient (user code may
-        read it: torch's clip, GradScaler.unscale_ over param_groups)."""
-        sync = self._sync
-        sync.context.synchronize()
-        self._store.after_plugin()  # the optimizer's stream after the reductions
-        self._waited = set(range(self._buckets))
-        if self._sharded and self._store.mask is not None:
-            self.wait_parameters()
-            shard.allreduce_float64(sync.context, self._store.mask)
-        if self._sharded and whole:
-            shard.gather_gradients(sync.context)
-            self._store.after_plugin()
-            self._whole = True
-        self._after_synchronize()
-        self._phase = Phase.SYNCHRONIZED
+        return self._driver.gradients_whole
 
     def gather_gradients(self):
         """Sharded: make every ``.grad`` the whole reduced gradient now
@@ -414,43 +259,25 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         calls it)."""
         if self.gradients_whole:
             return
-        if self._phase not in (Phase.REDUCING, Phase.SYNCHRONIZED):
+        phase = self._driver.phase
+        if phase not in (Phase.REDUCING, Phase.SYNCHRONIZED):
             raise RuntimeError("sfsync: opt.gather_gradients() %s: call it between the window's "
                                "last backward and opt.step()" % (
                                    "after opt.step() (the parameter gathers started)"
-                                   if self._phase == Phase.STEPPED else
+                                   if phase == Phase.STEPPED else
                                    "before the window's last backward"))
         self.wait_gradients()
-        shard.gather_gradients(self._sync.context)
-        self._store.after_plugin()
-        self._whole = True
+        self._driver.gather_gradients()
 
     def wait_gradients(self):
         """Wait for every bucket's reduction now (the gradients are final:
         in a sharded context, this rank's ranges)."""
-        if self._phase == Phase.REDUCING:
-            self._synchronize()
+        self._driver.wait_gradients()
 
     def wait_parameters(self):
         """Wait for every parameter gather in flight (sharded): afterwards
         every parameter is whole on this rank."""
-        if self._gathering:
-            shard.wait_gather(self._sync.context, -1)
-            self._store.after_gather()
-            self._gathering.clear()
-
-    def _wait_gathers(self, buckets):
-        if not self._gathering:
-            return
-        ctx = self._sync.context
-        waited = False
-        for b in buckets:
-            if b in self._gathering:
-                shard.wait_gather(ctx, b)
-                self._gathering.discard(b)
-                waited = True
-        if waited:  # the forward's stream waits for them on the device
-            self._store.after_gather()
+        self._driver.wait_parameters()
 
     # -- stepping
 
@@ -463,7 +290,8 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         piece = s.piece(g)
         return piece.to(torch.float32) if s.master else piece
 
-    def _step_slots(self, slots):
+    def _step_bucket(self, b):
+        slots = self._map.by_bucket[b]
         if not slots:
             return
         if self._sharded:
@@ -471,7 +299,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
                 # The view into p.grad, or a fresh float32 copy of it for a
                 # master shard (after any clip scaled p.grad in place).
                 s.tensor.grad = self._grad_of(s)
-        inner = self._inner[slots[0].bucket]  # (the slots of one bucket)
+        inner = self._inner[b]
         self._hyperparameters_in(inner)
         inner.step()
         if self._sharded:
@@ -480,83 +308,62 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
                     if s.master:
                         s.piece(s.param.data).copy_(s.tensor)
 
-    def _step_bucket(self, b):
-        self._step_slots(self._by_bucket[b])
-
-    def _start_gathers(self):
-        """Sharded: every bucket's parameter gather, in forward order (the
-        reverse of the bucket order: the last bucket reduced holds the first
-        layers, which the next forward needs first), once every bucket has
-        stepped. Started as each bucket stepped, the first layers' gather
-        would queue behind every other's and the next forward would wait
-        for all of them. The same order on every rank (not the order the
-        forward hooks fire in, which data may change)."""
-        if not self._sharded:
-            return
-        self._store.before_plugin()  # the gathers read what the steps wrote
-        for b in reversed(range(self._buckets)):
-            shard.start_gather(self._sync.context, b)
-            self._gathering.add(b)
-
     @torch.no_grad()
     def step(self, closure=None):
         """Step every parameter this rank owns (the inner optimizer's step),
-        bucket by bucket as reductions complete; sharded: start each bucket's
-        gather after its step."""
+        bucket by bucket as reductions complete; sharded: then every
+        bucket's gather, in forward order (WindowDriver.stepped)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        sync = self._sync
-        if self._sharded and self._phase == Phase.IDLE:
+        driver = self._driver
+        if self._sharded and driver.phase == Phase.IDLE:
             raise RuntimeError("sfsync: opt.step() before synchronization: a sharded optimizer "
                                "steps once per window, after the window's last backward pass "
                                "(when sync.is_step() is True); the gradients of this rank's "
                                "shard are not reduced yet")
-        if self._phase == Phase.STEPPED:
+        if driver.phase == Phase.STEPPED:
             raise RuntimeError("sfsync: opt.step() was already called for window %d; step once "
-                               "per window (when sync.is_step() is True)" % sync.windows)
-        mask_apart = self._sharded and self._store.mask is not None  # summed apart
-        if self._phase == Phase.REDUCING and not mask_apart:
+                               "per window (when sync.is_step() is True)" % driver.windows)
+        mask_apart = self._sharded and driver.store.mask is not None  # summed apart
+        if driver.phase == Phase.REDUCING and not mask_apart:
             self._step_per_bucket()
         else:
             self.wait_gradients()
             for b in range(self._buckets):
                 self._step_bucket(b)
-            self._start_gathers()
+        driver.stepped()
         if not self.gradients_whole and not self.overlap_step:
             # whole_gradients=False: .grad held this rank's ranges only; after
             # the step it is None (no gradient) rather than a partial one
             # (code after the loop, a final inspection). zero_grad() would
             # drop it anyway; the next window starts from zero.
-            for s in self._slots:
+            for s in self._map.slots:
                 s.param.grad = None
-        self._phase = Phase.STEPPED if self._sharded else Phase.IDLE
         self.steps += 1
         return loss
 
     def _step_per_bucket(self):
-        sync = self._sync
+        driver, store = self._driver, self._driver.store
         deferred = []
-        used = self.local_used if self._store.mask is not None else None
-        mask_id = self._store.mask_id
-        mask_bucket = (shard.gradient_bucket(sync.context, mask_id)
-                       if used is not None and mask_id is not None else None)
+        used = driver.local_used if store.mask is not None else None
+        mask_bucket = (shard.gradient_bucket(driver.context, store.mask_id)
+                       if used is not None and store.mask_id is not None else None)
         for b in range(self._buckets):
-            self._wait(b)
-            if used is not None and b != mask_bucket and mask_bucket not in self._waited and \
-                    any(used[s.index] == 0 for s in self._by_bucket[b]):
+            driver.wait(b)
+            if used is not None and b != mask_bucket and mask_bucket not in driver.waited and \
+                    any(used[s.index] == 0 for s in self._map.by_bucket[b]):
                 deferred.append(b)  # needs the global mask: after the mask's bucket
                 continue
             if b == mask_bucket:
-                for s in self._slots:  # the global mask is here: unused grads None first
-                    if self._store.mask[s.index] == 0:
+                for s in self._map.slots:  # the global mask is here: unused grads None first
+                    if store.mask[s.index] == 0:
                         s.param.grad = None
             self._step_bucket(b)
-        self._synchronize()
+        driver.finish()
         for b in deferred:
             self._step_bucket(b)
-        self._start_gathers()
 
     def zero_grad(self, set_to_none=None):
         """Zero the gradients (GradientSync.zero_grad: the flat buffer in
@@ -565,9 +372,9 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         tensors' gradients are dropped."""
         if set_to_none is None:
             set_to_none = SET_TO_NONE_DEFAULT
-        self._sync.zero_grad(set_to_none=set_to_none)
+        self._driver.zero_grad(set_to_none)
         if self._sharded:
-            for s in self._stepped:
+            for s in self._map.stepped:
                 s.tensor.grad = None
 
     # -- clipping
@@ -594,12 +401,12 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
             raise ValueError("clip_grad_norm_: norm_type must be p > 0 or inf, not %r"
                              % norm_type)
         self.wait_gradients()
-        slots = [s for s in self._slots if s.param.grad is not None]
+        slots = [s for s in self._map.slots if s.param.grad is not None]
         straddle = not self.gradients_whole and any(self._straddling()[s.index] for s in slots)
         if straddle and not self.overlap_step:
             self.gather_gradients()  # no exact norm from pieces: whole, then torch's
         if self.gradients_whole:
-            return torch.nn.utils.clip_grad_norm_([s.param for s in self._slots], max_norm,
+            return torch.nn.utils.clip_grad_norm_([s.param for s in self._map.slots], max_norm,
                                                   norm_type)
         if not straddle:
             total = self._exact_norm(slots, norm_type)
@@ -620,8 +427,8 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         every rank: one sf_allreduce_float64, the first time)."""
         if self._split is None:
             t = torch.tensor([1.0 if 0 < s.count < s.param.numel() else 0.0
-                              for s in self._slots], dtype=torch.float64)
-            shard.allreduce_float64(self._sync.context, t)
+                              for s in self._map.slots], dtype=torch.float64)
+            shard.allreduce_float64(self._driver.context, t)
             self._split = [v > 0 for v in t.tolist()]
         return self._split
 
@@ -633,7 +440,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         t = torch.zeros(len(slots), dtype=torch.float64)
         for k, n in zip(mine, clip.tensor_norms([grads[k] for k in mine], norm_type)):
             t[k] = float(n)
-        shard.allreduce_float64(self._sync.context, t)
+        shard.allreduce_float64(self._driver.context, t)
         norms = [torch.tensor(v, dtype=g.dtype, device=g.device)
                  for v, g in zip(t.tolist(), grads)]
         return clip.total_norm(norms, grads, norm_type)
@@ -644,42 +451,7 @@ class SyncOptimizer(ShardedStateDicts, torch.optim.Optimizer):
         pieces = [s.piece(s.param.grad) for s in slots if s.count > 0]
         t = torch.tensor([sum(float(g.double().abs().pow(norm_type).sum()) for g in pieces)],
                          dtype=torch.float64)
-        shard.allreduce_float64(self._sync.context, t)
+        shard.allreduce_float64(self._driver.context, t)
         wide = any(s.param.grad.dtype == torch.float64 for s in slots)
         return torch.tensor(float(t[0]) ** (1.0 / norm_type),
                             dtype=torch.float64 if wide else torch.float32)
-
-
-def _read_pre_hook(me):
-    def hook(module, prefix, keep_vars):
-        opt = me()
-        if opt is not None:
-            opt.wait_parameters()
-    return hook
-
-
-def _read_post_hook(me):
-    def hook(module, state_dict, prefix, local_metadata):
-        opt = me()
-        if opt is not None:
-            opt.wait_parameters()
-    return hook
-
-
-def _waiting_named_parameters(me, module):
-    method = type(module).named_parameters
-
-    def named_parameters(*args, **kwargs):
-        opt = me()
-        if opt is not None:
-            opt.wait_parameters()
-        return method(module, *args, **kwargs)
-    return named_parameters
-
-
-def _gather_hook(method, buckets):
-    def hook(module, inputs):
-        wait = method()
-        if wait is not None:
-            wait(buckets)
-    return hook

@@ -1,34 +1,35 @@
-"""Loading a SyncOptimizer's state dicts (a mixin of optim_state.py's
-class, split off for size): any form, at any world size and layout.
+"""Loading a SyncOptimizer's state dicts: any form, at any world size and
+layout (StateLoader, used by optim_state.py's StateDicts).
 
 Responsible for: ``load_state_dict`` and its checks (the groups, the shapes,
 the ranges a per-rank form holds, the window boundary), agreed on every rank
 before any rank loads; loading through each bucket's inner optimizer.
 Not responsible for: making the forms (optim_state.py), where a range sits
-in a shape (shard_boxes.py). Every attribute read here is the
-SyncOptimizer's own (``self``), as in optim_state.py.
+in a shape (shard_boxes.py). It reads only what its StateDicts hands it:
+the optimizer's public face (``state``, ``param_groups``,
+``inner_optimizers``), the ShardMap and the WindowDriver.
 """
 
 import torch
 
-from sfsync import shard
 from sfsync.torch.shard_boxes import annotate, covered, range_text, slab
+from sfsync.torch.shard_map import share_state
 
-__all__ = ["StateDictLoading", "SHARDED_FORM", "MASTER_KEY"]
+__all__ = ["StateLoader", "SHARDED_FORM", "MASTER_KEY"]
 
 SHARDED_FORM = "sharded"
 MASTER_KEY = "sfsync_master"
 
 
-class StateDictLoading:
-    """SyncOptimizer's load_state_dict (see optim_state.py)."""
+class StateLoader:
+    """One ``load_state_dict`` of a StateDicts' optimizer (see optim_state.py)."""
+
+    def __init__(self, forms):
+        self.forms = forms
+        self.optimizer, self.map, self.driver = forms.optimizer, forms.map, forms.driver
 
     def load_state_dict(self, state_dict):
-        """Takes any form: unsharded torch's own; sharded the full form (any
-        world size and layout: each rank takes its ranges), this rank's own
-        per-rank form, or a per-rank form that torch.distributed.checkpoint
-        filled (its boxes resharded). Anything else is a ValueError naming
-        the parameter, what the state dict holds and what to save instead."""
+        """SyncOptimizer.load_state_dict: every form, checked on every rank first."""
         if not isinstance(state_dict, dict) or "state" not in state_dict or \
                 "param_groups" not in state_dict:
             raise ValueError("load_state_dict: expected an optimizer state dict (with 'state' "
@@ -36,17 +37,17 @@ class StateDictLoading:
                                  sorted(state_dict) if isinstance(state_dict, dict)
                                  else type(state_dict).__name__))
         meta = state_dict.get("sfsync")
-        if not self._sharded:
+        if not self.driver.sharded:
             if isinstance(meta, dict) and "rank" in meta:
                 raise ValueError("load_state_dict: a sharded state dict (rank %s of %s); this "
                                  "optimizer is not sharded: load the full form "
                                  "(full_state_dict(), or consolidate_state_dict() then "
                                  "state_dict() on that rank)"
                                  % (meta.get("rank"), meta.get("world_size")))
-            torch.optim.Optimizer.load_state_dict(self, state_dict)
-            self._share_state()  # (torch's load made a new state)
+            torch.optim.Optimizer.load_state_dict(self.optimizer, state_dict)
+            share_state(self.optimizer)  # (torch's load made a new state)
             return None
-        self._check_boundary("load_state_dict")
+        self.forms.check_boundary("load_state_dict")
         # Checked on every rank before any rank loads: one rank's bad state
         # is an error on all of them (never one rank's crash and the others'
         # hang at the next collective), and no rank is left half-loaded.
@@ -63,34 +64,24 @@ class StateDictLoading:
         if failed:
             raise ValueError("load_state_dict: the state dict did not fit on rank(s) %s (their "
                              "errors say why); nothing was loaded here, on %s"
-                             % (", ".join(map(str, failed)), self._where()))
+                             % (", ".join(map(str, failed)), self.forms.where()))
         apply()
-
-    def _per_rank(self, value):
-        """Every rank's ``value`` (a float64 each), on every rank: one small
-        all-reduce (collective)."""
-        sync = self._sync
-        values = torch.zeros(sync.world_size, dtype=torch.float64)
-        values[sync.rank] = value
-        if sync.world_size > 1:
-            shard.allreduce_float64(sync.context, values)
-        return values
 
     def _agree(self, failed):
         """The ranks whose load failed."""
-        flags = self._per_rank(1.0 if failed else 0.0)
+        flags = self.forms.per_rank(1.0 if failed else 0.0)
         return [r for r in range(len(flags)) if flags[r] > 0]
 
     def _pairs(self, sd):
         """[(saved key, slot)] in group order, checked against this
         optimizer's groups."""
         saved = sd["param_groups"]
-        if len(saved) != len(self._full_groups):
+        if len(saved) != len(self.map.groups):
             raise ValueError("load_state_dict: the state dict has %d param groups, this "
                              "optimizer %d: a checkpoint of another model or optimizer?"
-                             % (len(saved), len(self._full_groups)))
+                             % (len(saved), len(self.map.groups)))
         pairs = []
-        for n, (g, slots) in enumerate(zip(saved, self._full_groups)):
+        for n, (g, slots) in enumerate(zip(saved, self.map.groups)):
             if len(g["params"]) != len(slots):
                 raise ValueError("load_state_dict: param group %d of the state dict has %d "
                                  "parameters, this optimizer's %d: a checkpoint of another "
@@ -102,11 +93,11 @@ class StateDictLoading:
         saved_ranges = (meta or {}).get("ranges") or {}
         # a per-rank form saved elsewhere (not this optimizer's own dict that
         # dcp.load filled): its "sfsync" says whose ranges it holds
-        elsewhere = (meta or {}).get("form") == SHARDED_FORM and id(sd) not in self._issued and \
-            any(meta.get(k) != v for k, v in (("rank", self._sync.rank),
-                                               ("world_size", self._sync.world_size),
-                                               ("layout", self._sync.shard_layout)))
-        inner_index = {id(s.tensor): i for i, s in enumerate(self._stepped)}
+        elsewhere = (meta or {}).get("form") == SHARDED_FORM and id(sd) not in self.forms.issued and \
+            any(meta.get(k) != v for k, v in (("rank", self.driver.rank),
+                                               ("world_size", self.driver.world_size),
+                                               ("layout", self.driver.shard_layout)))
+        inner_index = {id(s.tensor): i for i, s in enumerate(self.map.stepped)}
         state, masters = {}, {}
         for k, (key, s) in enumerate(self._pairs(sd)):
             entry = sd["state"].get(key)
@@ -116,7 +107,7 @@ class StateDictLoading:
                 if elsewhere and k not in saved_ranges and self._keeps_state():
                     raise ValueError(self._not_mine(s, "holds no state for parameter %s, which "
                                                     "this rank steps [%d, %d) of"
-                                                    % (self._sync.names[s.index], s.offset,
+                                                    % (self.driver.names[s.index], s.offset,
                                                        s.offset + s.count), meta))
                 continue
             mine = {}
@@ -130,7 +121,7 @@ class StateDictLoading:
             if mine:
                 state[inner_index[id(s.tensor)]] = mine
         groups = []
-        for g, slots in zip(sd["param_groups"], self._full_groups):
+        for g, slots in zip(sd["param_groups"], self.map.groups):
             ids = [inner_index[id(s.tensor)] for s in slots if s.tensor is not None]
             groups.append(dict({k: v for k, v in g.items() if k != "params"}, params=ids))
         return lambda: self._apply(state, groups, masters)
@@ -138,7 +129,7 @@ class StateDictLoading:
     def _apply(self, state, groups, masters):
         self._load_shard_state({"state": state, "param_groups": groups})
         with torch.no_grad():
-            for s in self._stepped:
+            for s in self.map.stepped:
                 if not s.master:
                     continue
                 if id(s.tensor) in masters:  # the saved float32 master
@@ -150,7 +141,7 @@ class StateDictLoading:
         """This rank's range of state tensor ``v`` of slot ``s``, shaped as
         the shard tensor."""
         p = s.param
-        what = "load_state_dict: %r of parameter %s" % (name, self._sync.names[s.index])
+        what = "load_state_dict: %r of parameter %s" % (name, self.driver.names[s.index])
         if not hasattr(v, "global_offsets") and saved_range is not None and \
                 tuple(v.shape) != tuple(p.shape) and p.dim() > 0:
             off, cnt = saved_range  # a per-rank file whose torch dropped the fields
@@ -182,7 +173,7 @@ class StateDictLoading:
     def _keeps_state(self):
         """Whether this optimizer class keeps per-parameter state (SGD
         without momentum keeps none)."""
-        return bool(self.state) or bool(self._fresh_state())
+        return bool(self.optimizer.state) or bool(self.forms.fresh_state())
 
     def _not_mine(self, s, what, meta):
         who = ("rank %s of %s (layout %s)" % (meta.get("rank"), meta.get("world_size"),
@@ -194,14 +185,14 @@ class StateDictLoading:
                 "on every rank before it saves (the sfsync integrations do) or save "
                 "opt.full_state_dict(); torch.distributed.checkpoint (dcp.save / dcp.load of "
                 "opt.state_dict()) saves each rank's part and reshards at load"
-                % (what, who, self._where(), s.offset, s.offset + s.count,
-                   self._sync.names[s.index]))
+                % (what, who, self.forms.where(), s.offset, s.offset + s.count,
+                   self.driver.names[s.index]))
 
     def _load_v04(self, sd, meta):
         """The 0.4 per-rank form (state numbered over this rank's shards):
         only on the rank, world size and layout that saved it."""
-        mine = {"rank": self._sync.rank, "world_size": self._sync.world_size,
-                "layout": self._sync.shard_layout}
+        mine = {"rank": self.driver.rank, "world_size": self.driver.world_size,
+                "layout": self.driver.shard_layout}
         for key in ("rank", "world_size", "layout"):
             if meta.get(key) != mine[key]:
                 raise ValueError("load_state_dict: a 0.4 sharded state dict of rank %s of %s "
@@ -209,15 +200,15 @@ class StateDictLoading:
                                  "was saved. Save the full form (opt.full_state_dict(), or "
                                  "consolidate_state_dict() then state_dict()) to resume "
                                  "elsewhere" % (meta.get("rank"), meta.get("world_size"),
-                                                meta.get("layout"), self._where()))
-        ranges = [(s.index, s.offset, s.count) for s in self._stepped]
+                                                meta.get("layout"), self.forms.where()))
+        ranges = [(s.index, s.offset, s.count) for s in self.map.stepped]
         if [tuple(x) for x in meta.get("ranges", [])] != ranges:
             raise ValueError("load_state_dict: the 0.4 sharded state dict's shard ranges differ "
                              "from this optimizer's (another model or bucket cap?)")
         def apply():
             self._load_shard_state({k: v for k, v in sd.items() if k != "sfsync"})
             with torch.no_grad():
-                for s, m in zip(self._stepped, meta.get("master", [])):
+                for s, m in zip(self.map.stepped, meta.get("master", [])):
                     if m is not None:
                         s.tensor.copy_(m)
         return apply
@@ -228,7 +219,7 @@ class StateDictLoading:
         load_state_dict (its checks and casts), into the one shared
         ``state``; the host groups take the loaded hyperparameters."""
         owned = []
-        for g, slots in zip(sd["param_groups"], self._full_groups):
+        for g, slots in zip(sd["param_groups"], self.map.groups):
             mine = [s for s in slots if s.tensor is not None]
             if len(g["params"]) != len(mine):
                 raise ValueError("load_state_dict: a param group of the state dict has %d "
@@ -237,7 +228,7 @@ class StateDictLoading:
             owned.append(list(zip(g["params"], mine)))
         loaded = {}
         first = None
-        for b, inner in enumerate(self._inner):
+        for b, inner in enumerate(self.optimizer.inner_optimizers):
             if inner is None:
                 continue
             state, groups, k = {}, [], 0
@@ -253,11 +244,11 @@ class StateDictLoading:
             inner.load_state_dict({"state": state, "param_groups": groups})
             loaded.update(inner.state)
             first = first or inner
-        self.state.clear()
-        self.state.update(loaded)
-        self._share_state()
+        self.optimizer.state.clear()
+        self.optimizer.state.update(loaded)
+        share_state(self.optimizer)
         source = first.param_groups if first is not None else sd["param_groups"]
-        for outer, group in zip(self.param_groups, source):
+        for outer, group in zip(self.optimizer.param_groups, source):
             for k, v in group.items():
                 if k != "params":
                     outer[k] = v

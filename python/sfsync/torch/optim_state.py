@@ -1,15 +1,16 @@
-"""The state dicts of a SyncOptimizer (a mixin of optim.py's class, split
-off for size): the per-rank sharded form, the full form (collective), the
+"""StateDicts: the state dicts of a SyncOptimizer, an object the optimizer
+holds: the per-rank sharded form, the full form (collective), the
 ZeroRedundancyOptimizer protocol (``consolidate_state_dict``) and loading
-any of them at any world size and layout.
+any of them at any world size and layout (optim_load.py's StateLoader).
 
 Responsible for: ``state_dict``, ``full_state_dict``,
 ``consolidate_state_dict`` (loading is optim_load.py's). Unsharded these are
 torch.optim.Optimizer's own (the host groups hold the model's parameters,
 ``state`` is keyed by them). Not responsible for: stepping, waiting,
-gathering (optim.py). Every attribute read here is the SyncOptimizer's own
-(``self``): ``_stepped``, ``_full_groups``, ``_inner``, ``_sharded``,
-``_sync``, ``_share_state``, ``_phase``.
+gathering (optim.py). It reads only what it is given: the optimizer's
+public face (``state``, ``param_groups``, ``steps``, ``inner_optimizers``),
+its ShardMap (shard_map.py) and the WindowDriver (rank, layout, phase,
+the context for the collectives).
 
 [Note: the sharded form] ``state_dict()`` of a sharded optimizer is shaped
 as a torch optimizer's over the whole model: ``state`` keyed by the
@@ -38,11 +39,12 @@ import io
 import torch
 
 import sfsync
-from sfsync.torch.optim_load import SHARDED_FORM, MASTER_KEY, StateDictLoading
+from sfsync import shard
+from sfsync.torch.optim_load import SHARDED_FORM, MASTER_KEY, StateLoader
 from sfsync.torch.rendezvous import log
 from sfsync.torch.shard_boxes import to_slab
 
-__all__ = ["ShardedStateDicts", "consolidate_state_dict"]
+__all__ = ["StateDicts", "consolidate_state_dict"]
 
 _WINDOW_RULE = ("a sharded optimizer's state is saved and loaded at window boundaries (after "
                 "opt.step(), before the next window's first backward pass): checkpoint there")
@@ -91,72 +93,85 @@ class _Reader(io.RawIOBase):
         return self._at
 
 
-class ShardedStateDicts(StateDictLoading):
-    """SyncOptimizer's state dicts (see the module docstring)."""
+class StateDicts:
+    """The state dicts of ``optimizer`` (a SyncOptimizer) over its ShardMap
+    and WindowDriver (see the module docstring)."""
 
-    _consolidated = None  # (rank, steps, full form) after consolidate_state_dict
-    _issued = ()          # id()s of the last sharded state_dict()s returned
+    def __init__(self, optimizer, shard_map, driver, optimizer_class):
+        self.optimizer, self.map, self.driver = optimizer, shard_map, driver
+        self._class = optimizer_class
+        self._consolidated = None  # (rank, steps, full form) after consolidate_state_dict
+        self.issued = ()           # id()s of the last sharded state_dict()s returned
+
+    def load_state_dict(self, state_dict):
+        """Any form (optim_load.py)."""
+        StateLoader(self).load_state_dict(state_dict)
+
+    def per_rank(self, value):
+        """Every rank's ``value`` (a float64 each), on every rank: one small
+        all-reduce (collective)."""
+        driver = self.driver
+        values = torch.zeros(driver.world_size, dtype=torch.float64)
+        values[driver.rank] = value
+        if driver.world_size > 1:
+            shard.allreduce_float64(driver.context, values)
+        return values
 
     # -- where a save or load may happen
 
-    def _check_boundary(self, who):
-        sync = self._sync
-        inside = self._phase.value in ("reducing", "synchronized")
-        at_start = getattr(sync, "_at_window_boundary", lambda: True)()
+    def check_boundary(self, who):
+        driver = self.driver
+        inside = self.driver.phase.value in ("reducing", "synchronized")
+        at_start = driver.at_boundary()
         if inside or not at_start:
             raise RuntimeError("%s: called inside window %d (%s): %s"
-                               % (who, sync.windows + 1,
+                               % (who, driver.windows + 1,
                                   "its gradients are reduced but not stepped" if inside else
                                   "backward passes of it are done", _WINDOW_RULE))
 
-    def _full_index(self):
-        return [s for group in self._full_groups for s in group]
-
     def _meta(self):
-        sync = self._sync
-        return {"form": SHARDED_FORM, "rank": sync.rank, "world_size": sync.world_size,
-                "layout": sync.shard_layout,
-                "ranges": {k: (s.offset, s.count) for k, s in enumerate(self._full_index())
+        driver = self.driver
+        return {"form": SHARDED_FORM, "rank": driver.rank, "world_size": driver.world_size,
+                "layout": driver.shard_layout,
+                "ranges": {k: (s.offset, s.count) for k, s in enumerate(self.map.full_index())
                            if s.tensor is not None}}
 
-    def _where(self):
-        sync = self._sync
-        return "rank %d of %d (layout %s)" % (sync.rank, sync.world_size, sync.shard_layout)
+    def where(self):
+        driver = self.driver
+        return "rank %d of %d (layout %s)" % (driver.rank, driver.world_size, driver.shard_layout)
 
     # -- saving
 
     def state_dict(self):
-        """Unsharded: torch's own. Sharded: the per-rank form (see the module
-        docstring: DCP-ready, whole-model keys, this rank's ranges); after
-        ``consolidate_state_dict(to)``, on rank ``to``, once: the full form."""
-        if not self._sharded:
-            return torch.optim.Optimizer.state_dict(self)
+        """SyncOptimizer.state_dict (see the module docstring)."""
+        if not self.driver.sharded:
+            return torch.optim.Optimizer.state_dict(self.optimizer)
         held, self._consolidated = self._consolidated, None
-        if held is not None and held[0] == self._sync.rank and held[1] == self.steps:
+        if held is not None and held[0] == self.driver.rank and held[1] == self.optimizer.steps:
             return held[2]
-        self._check_boundary("state_dict")
+        self.check_boundary("state_dict")
         # a load template (what DCP fills) only for an optimizer that never
         # stepped: a stepped one, as torch's, has no state for parameters it
         # never stepped
-        fresh = self._fresh_state() if not self.state and self.steps == 0 else {}
+        fresh = self.fresh_state() if not self.optimizer.state and self.optimizer.steps == 0 else {}
         state = {}
-        for k, s in enumerate(self._full_index()):
+        for k, s in enumerate(self.map.full_index()):
             entry = {}
             if s.tensor is not None:
-                own = self.state.get(s.tensor) or fresh.get(id(s.tensor), {})
+                own = self.optimizer.state.get(s.tensor) or fresh.get(id(s.tensor), {})
                 for key, v in own.items():
                     entry[key] = self._piece_out(s, key, v)
                 if s.master:
                     entry[MASTER_KEY] = to_slab(s.tensor, s.param.shape, s.offset, s.count)
             state[k] = entry
         groups, start = [], 0
-        for g, slots in zip(self.param_groups, self._full_groups):
+        for g, slots in zip(self.optimizer.param_groups, self.map.groups):
             groups.append(dict({k: v for k, v in g.items() if k != "params"},
                                params=list(range(start, start + len(slots)))))
             start += len(slots)
         out = {"state": state, "param_groups": groups, "sfsync": self._meta()}
         # dcp.load fills one of these in place, its "sfsync" then another rank's
-        self._issued = (self._issued + (id(out),))[-4:]
+        self.issued = (self.issued + (id(out),))[-4:]
         return out
 
     def _piece_out(self, s, key, v):
@@ -165,10 +180,10 @@ class ShardedStateDicts(StateDictLoading):
         if v.numel() != s.count:
             raise ValueError("state_dict: %s's state %r has %d elements, its shard %d: only "
                              "state of the shard's size (or scalars) can be sharded"
-                             % (self._sync.names[s.index], key, v.numel(), s.count))
+                             % (self.driver.names[s.index], key, v.numel(), s.count))
         return to_slab(v, s.param.shape, s.offset, s.count)
 
-    def _fresh_state(self):
+    def fresh_state(self):
         """_fresh_state_of_inner, or {} (no template: a DCP load then has
         nothing to fill, as with torch's own optimizers) for an optimizer
         class that cannot be stepped on copies (said at INFO)."""
@@ -186,8 +201,8 @@ class ShardedStateDicts(StateDictLoading):
         zero-lr step on zero gradients (as torch's _init_optim_state does to
         a real optimizer); ``step`` counters set back to 0."""
         out = {}
-        for inner in self._inner:
-            if inner is None or all(t in self.state for g in inner.param_groups
+        for inner in self.optimizer.inner_optimizers:
+            if inner is None or all(t in self.optimizer.state for g in inner.param_groups
                                     for t in g["params"]):
                 continue
             groups, pairs = [], []
@@ -204,7 +219,7 @@ class ShardedStateDicts(StateDictLoading):
                                          if k in ("lr",)})
             tmp.step()
             for t, c in pairs:
-                if t not in self.state:
+                if t not in self.optimizer.state:
                     out[id(t)] = {k: (torch.zeros_like(v) if k == "step" and
                                       isinstance(v, torch.Tensor) else
                                       0 if k == "step" else v)
@@ -212,37 +227,30 @@ class ShardedStateDicts(StateDictLoading):
         return out
 
     def consolidate_state_dict(self, to=0):
-        """ZeroRedundancyOptimizer's protocol (collective: every rank calls
-        it): the full form is gathered on rank ``to``, whose next
-        ``state_dict()`` (before another step) returns it. What Lightning
-        calls before saving from global zero, and what the sfsync
-        integrations call for the HF Trainer and Accelerate."""
-        if not self._sharded:
+        """SyncOptimizer.consolidate_state_dict (collective)."""
+        if not self.driver.sharded:
             return
-        self._check_boundary("consolidate_state_dict")
+        self.check_boundary("consolidate_state_dict")
         full = self._gather_full(to)
-        self._consolidated = (to, self.steps, full) if self._sync.rank == to else None
+        self._consolidated = (to, self.optimizer.steps, full) if self.driver.rank == to else None
 
     # -- the full form
 
     def full_state_dict(self):
-        """Collective (every rank calls it): the full form, the state dict the
-        same torch.optim class over the whole model would have, on every rank
-        (plus ``"sfsync_master"``, the float32 master of a bf16/fp16
-        parameter, in its state)."""
-        if not self._sharded:
-            return torch.optim.Optimizer.state_dict(self)
-        self._check_boundary("full_state_dict")
+        """SyncOptimizer.full_state_dict (collective)."""
+        if not self.driver.sharded:
+            return torch.optim.Optimizer.state_dict(self.optimizer)
+        self.check_boundary("full_state_dict")
         return self._gather_full(None)
 
     def _gather_full(self, to):
         """The full form on rank ``to`` (every rank if None); {} elsewhere.
         Each rank's pieces travel by one broadcast (its size first)."""
-        sync = self._sync
-        ctx, world = sync.context, sync.world_size
+        driver = self.driver
+        ctx, world = driver.context, driver.world_size
         pieces = {}
-        for s in self._stepped:
-            st = dict(self.state.get(s.tensor) or {})
+        for s in self.map.stepped:
+            st = dict(self.optimizer.state.get(s.tensor) or {})
             if s.master:
                 st[MASTER_KEY] = s.tensor
             if st:
@@ -251,12 +259,12 @@ class ShardedStateDicts(StateDictLoading):
         torch.save(pieces, buf)
         del pieces
         payload = buf.getbuffer()  # (sent as it is: no copy of this rank's part)
-        sizes = self._per_rank(payload.nbytes)
-        keep = to is None or to == sync.rank
-        slots = {s.index: s for s in self._full_index()}
+        sizes = self.per_rank(payload.nbytes)
+        keep = to is None or to == driver.rank
+        slots = {s.index: s for s in self.map.full_index()}
         entries = {}  # slot index -> the full entry, filled piece by piece as they arrive
         for r in range(world):
-            if r == sync.rank:
+            if r == driver.rank:
                 data = torch.frombuffer(payload, dtype=torch.uint8) if payload.nbytes else \
                     torch.zeros(0, dtype=torch.uint8)
             else:
@@ -267,7 +275,7 @@ class ShardedStateDicts(StateDictLoading):
                 continue
             got = torch.load(_Reader(memoryview(data.numpy())))
             del data
-            if r == sync.rank:  # this rank's bytes are sent and read: free them now
+            if r == driver.rank:  # this rank's bytes are sent and read: free them now
                 payload.release()
                 buf = None
             for index, (off, cnt, st) in got.items():
@@ -283,7 +291,7 @@ class ShardedStateDicts(StateDictLoading):
         if not keep:
             return {}
         state = {}
-        for k, s in enumerate(self._full_index()):
+        for k, s in enumerate(self.map.full_index()):
             entry = entries.get(s.index)
             if not entry:
                 continue
@@ -292,7 +300,7 @@ class ShardedStateDicts(StateDictLoading):
                     entry[key] = v.view(s.param.shape)
             state[k] = entry
         groups, start = [], 0
-        for g, slots in zip(self.param_groups, self._full_groups):
+        for g, slots in zip(self.optimizer.param_groups, self.map.groups):
             groups.append(dict({k: v for k, v in g.items() if k != "params"},
                                params=list(range(start, start + len(slots)))))
             start += len(slots)

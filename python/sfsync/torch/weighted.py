@@ -91,10 +91,10 @@ def as_float(value, who):
 class Weighing:
     """GradientSync's weighted-window methods (see the module docstring).
     Needs ``self.context`` and, for window_sums with overlap_step, the
-    face's optimizer."""
+    face's WindowDriver (window_driver.py)."""
 
     context = None
-    _optimizer = None
+    _driver = None
 
     @property
     def reduce(self):
@@ -138,8 +138,8 @@ class Weighing:
         ``is_step()`` (with an ``overlap_step=True`` optimizer this first
         waits for the window's reductions) until the next window synchronizes.
         InvalidStateError before the first weighted window completed."""
-        if self._optimizer is not None:
-            self._optimizer.wait_gradients()
+        if self._driver is not None:
+            self._driver.wait_gradients()
         weight, sums = self.context.window_totals()
         out = {"weight": weight}
         out.update(zip(SUM_SLOTS, sums))

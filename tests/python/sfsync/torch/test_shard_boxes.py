@@ -154,7 +154,7 @@ class ShardedFormTests(unittest.TestCase):
                 opt.step()
                 opt.wait_parameters()
                 starts = {tuple(p.shape): [] for p in model.parameters()}
-                for s in opt._stepped:
+                for s in opt.shard_map.stepped:
                     starts[tuple(s.param.shape)].append(s.offset)
                 return opt.state_dict(), opt.full_state_dict(), starts
             finally:
@@ -195,7 +195,7 @@ class ShardedFormTests(unittest.TestCase):
                 opt.load_state_dict(template)
                 return [(s.index, s.offset, s.count, {key: v.clone() for key, v in
                                                         opt.state[s.tensor].items()})
-                        for s in opt._stepped]
+                        for s in opt.shard_map.stepped]
             finally:
                 sync.close()
         loaded = []

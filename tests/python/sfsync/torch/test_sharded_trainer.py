@@ -295,7 +295,7 @@ def case_parity(rank, world, c, layout, clip=0.05, unused=True, refs=None):
         slack = buckets_of(sync) * 16 * 8
         if layout == "parameter":
             largest = {}
-            for s in opt._slots:
+            for s in opt.shard_map.slots:
                 largest[s.bucket] = max(largest.get(s.bucket, 0), s.param.numel())
             slack += sum(largest.values()) * 8
         ratio = mine / (ddp_bytes / world)
@@ -456,7 +456,7 @@ def case_bf16(rank, world, c):
         opt.step()
         opt.zero_grad()
     opt.wait_parameters()
-    masters = [s.tensor for s in opt._stepped]
+    masters = [s.tensor for s in opt.shard_map.stepped]
     c.that(all(t.dtype == torch.float32 for t in masters) and masters,
            "bf16: the shards stepped are not float32 masters")
     # reference: a bf16 replica per rank, gradients averaged in float32, a

@@ -1,0 +1,116 @@
+"""What GradientSync checks of its arguments and its module, and the
+closures of its autograd hooks: the trainable parameters and their
+signature (the layout check at each synchronization), ``accumulate_dtype``,
+the sharded default bucket cap, and hooks that hold GradientSync weakly.
+
+Not responsible for: attaching (gradient_sync.py), the window's
+collectives (window_driver.py).
+"""
+
+import torch
+
+__all__ = ["trainable", "signature", "check_layout", "SHARDED_BUCKETS",
+           "sharded_bucket_cap_mb", "ACCUMULATE_DTYPES", "accumulate_dtype_of", "call",
+           "grad_hook", "post_accumulate_hook", "forward_hook"]
+
+
+def trainable(module):
+    """The parameters sfsync synchronizes: those that require grad and
+    have elements (a zero-size one, which DDP accepts, has nothing to
+    reduce: autograd gives it its own empty .grad)."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    params = [p for p in module.parameters() if p.requires_grad and p.numel() > 0]
+    return params, [names.get(id(p), "param%d" % i) for i, p in enumerate(params)]
+
+
+def signature(params):
+    """What check_layout compares: each parameter's id, shape, dtype, device."""
+    return [(id(p), tuple(p.shape), p.dtype, p.device) for p in params]
+
+
+def check_layout(module, attached, attached_names):
+    """RuntimeError naming the parameter when the module's trainable
+    parameters are no longer those GradientSync attached (``attached``:
+    their signature() then, with their names)."""
+    params, names = trainable(module)
+    sig = signature(params)
+    if sig == attached:
+        return
+    old = {s[0]: (s, n) for s, n in zip(attached, attached_names)}
+    new = {s[0]: (s, n) for s, n in zip(sig, names)}
+    for s, n in zip(sig, names):
+        if s[0] not in old:
+            raise RuntimeError("sfsync: parameter %r (shape %s) was added or replaced after "
+                               "GradientSync attached the module; its gradient would not be "
+                               "synchronized: attach again (a new GradientSync)"
+                               % (n, list(s[1])))
+    for s, n in zip(attached, attached_names):
+        if s[0] not in new:
+            raise RuntimeError("sfsync: parameter %r was removed, replaced or frozen after "
+                               "GradientSync attached the module: attach again" % n)
+        if new[s[0]][0] != s:
+            raise RuntimeError("sfsync: parameter %r changed from shape %s %s to %s %s after "
+                               "GradientSync attached the module: attach again"
+                               % (n, list(s[1]), s[2], list(new[s[0]][0][1]),
+                                  new[s[0]][0][2]))
+    raise RuntimeError("sfsync: the module's parameters were reordered after GradientSync "
+                       "attached it: attach again")
+
+
+SHARDED_BUCKETS = 8  # the sharded default cap: about this many buckets
+
+
+def sharded_bucket_cap_mb(params):
+    """The sharded default bucket cap (MiB): the gradients' bytes over
+    SHARDED_BUCKETS, within 1..25 MiB (DDP's cap)."""
+    total = sum(p.numel() * p.element_size() for p in params)
+    return min(25.0, max(1.0, total / SHARDED_BUCKETS / 2 ** 20))
+
+
+ACCUMULATE_DTYPES = (torch.float32, torch.float64)
+
+
+def accumulate_dtype_of(value, flat_buffer, hooks, shard_optimizer):
+    """GradientSync's accumulate_dtype, checked (ValueError naming it)."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.dtype) or value not in ACCUMULATE_DTYPES:
+        raise ValueError("GradientSync: accumulate_dtype must be None, torch.float32 or "
+                         "torch.float64, not %r" % (value,))
+    if not flat_buffer:
+        raise ValueError("GradientSync(accumulate_dtype=%s) accumulates in the plugin's flat "
+                         "buffer: flat_buffer=False does not fit" % value)
+    if not hooks:
+        raise ValueError("GradientSync(accumulate_dtype=%s) adds each micro-batch's gradient "
+                         "at its grad-ready hook: hooks=False does not fit" % value)
+    if shard_optimizer:
+        raise ValueError("GradientSync(accumulate_dtype=%s, shard_optimizer=True): not "
+                         "supported: a sharded parameter's buffer has its gradient's dtype "
+                         "(sf_register_parameter); the sharded optimizer already steps "
+                         "float32 master shards of 16-bit parameters" % value)
+    return value
+
+
+def call(method, *args):
+    """Call a WeakMethod's method while its object lives."""
+    fn = method()
+    if fn is not None:
+        fn(*args)
+
+
+def grad_hook(method, i):
+    def hook(grad_inputs, grad_outputs):
+        call(method, i)
+    return hook
+
+
+def post_accumulate_hook(method, i):
+    def hook(param):
+        call(method, i)
+    return hook
+
+
+def forward_hook(method):
+    def hook(module, inputs):
+        call(method)
+    return hook

@@ -1,0 +1,177 @@
+"""WindowDriver (sfsync/torch/window_driver.py): the one sequence of a
+window's collectives, checked call by call against a recording context,
+store and collectives (no library, no rank: the driver is given them).
+
+    PYTHONPATH=python /usr/bin/python3 tests/python/sfsync/torch/test_window_driver.py -v
+"""
+
+import os
+import sys
+import unittest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
+if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
+    sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
+
+import torch  # noqa: E402
+
+from sfsync.torch.window_driver import Phase, WindowDriver  # noqa: E402
+
+
+class Recorder:
+    """The context, the store and sfsync.shard's collectives at once: every
+    call appended to ``calls`` as (name, args...)."""
+
+    def __init__(self, buckets, mask=None):
+        self.calls, self.buckets, self.mask = [], buckets, mask
+
+    def _log(name):
+        def call(self, *args):
+            self.calls.append((name,) + tuple(a for a in args if not isinstance(a, Recorder)))
+        return call
+
+    # the context
+    synchronize = _log("synchronize")
+
+    def stats(self):
+        return {"bucket_count": self.buckets}
+
+    # the store
+    after_plugin = _log("after_plugin")
+    before_plugin = _log("before_plugin")
+    after_gather = _log("after_gather")
+    publish = _log("publish")
+
+    def take_unused(self):
+        return []
+
+    # sfsync.shard's calls
+    synchronize_start = _log("synchronize_start")
+    wait_bucket = _log("wait_bucket")
+    gather_gradients = _log("gather_gradients")
+    start_gather = _log("start_gather")
+    wait_gather = _log("wait_gather")
+
+    def allreduce_float64(self, ctx, t):
+        self.calls.append(("allreduce_float64",))
+
+
+class Window:
+    windows, at_boundary = 3, True
+
+
+def driver(buckets=3, sharded=False, mask=None, module=None):
+    r = Recorder(buckets, mask)
+    d = WindowDriver(r, r, Window(), module=module or torch.nn.Linear(2, 2), params=[],
+                     names=[], rank=0, world_size=1, sharded=sharded,
+                     shard_layout="flat" if sharded else "none", broadcast_buffers=True,
+                     accumulate_dtype=None, collectives=r)
+    return d, r
+
+
+def names(r):
+    return [c[0] for c in r.calls]
+
+
+class WindowDriverSequence(unittest.TestCase):
+    def test_alone_one_synchronize_then_the_publish(self):
+        d, r = driver()
+        d.close_window()
+        self.assertEqual(names(r), ["synchronize", "after_plugin", "publish"])
+        self.assertEqual(d.phase, Phase.IDLE)  # no optimizer: nothing in flight
+        d.begin_window()
+        d.wait_parameters()
+        self.assertEqual(names(r), ["synchronize", "after_plugin", "publish"])
+
+    def test_with_an_optimizer_start_then_every_wait(self):
+        d, r = driver()
+        self.assertEqual(d.attach_stepping(False, True), 3)
+        d.close_window()
+        self.assertEqual(names(r), ["synchronize_start", "synchronize", "after_plugin",
+                                    "publish"])
+        self.assertEqual((d.phase, d.waited), (Phase.SYNCHRONIZED, {0, 1, 2}))
+        d.stepped()
+        self.assertEqual(d.phase, Phase.IDLE)  # unsharded: no gathers
+
+    def test_a_second_optimizer_is_refused(self):
+        d, _ = driver()
+        d.attach_stepping(False, True)
+        with self.assertRaisesRegex(RuntimeError, "already has an optimizer"):
+            d.attach_stepping(False, True)
+
+    def test_overlap_step_waits_bucket_by_bucket(self):
+        d, r = driver()
+        d.attach_stepping(True, True)
+        self.assertTrue(d.overlap_step)
+        d.close_window()
+        self.assertEqual(names(r), ["synchronize_start"])
+        self.assertEqual(d.phase, Phase.REDUCING)
+        d.wait(1)
+        d.wait(1)
+        self.assertEqual(r.calls[1:], [("wait_bucket", 1), ("after_plugin",)])
+        d.begin_window()  # closed without a step: synchronized now, the step skipped
+        self.assertEqual(names(r)[3:], ["synchronize", "after_plugin", "publish"])
+        self.assertEqual(d.phase, Phase.IDLE)
+
+    def test_overlap_step_is_off_unsharded_with_one_bucket(self):
+        d, _ = driver(buckets=1)
+        d.attach_stepping(True, True)
+        self.assertFalse(d.overlap_step)
+
+    def test_sharded_mask_then_gather_then_publish_then_gathers_in_forward_order(self):
+        d, r = driver(sharded=True, mask=torch.ones(2, dtype=torch.float64))
+        d.attach_stepping(False, lambda: True)
+        d.close_window()
+        self.assertEqual(names(r), ["synchronize_start", "synchronize", "after_plugin",
+                                    "allreduce_float64", "gather_gradients", "after_plugin",
+                                    "publish"])
+        self.assertTrue(d.gradients_whole)
+        del r.calls[:]
+        d.stepped()
+        self.assertEqual(r.calls, [("before_plugin",), ("start_gather", 2), ("start_gather", 1),
+                                   ("start_gather", 0)])
+        self.assertEqual(d.phase, Phase.STEPPED)
+        del r.calls[:]
+        d.wait_gathers([1])
+        d.wait_gathers([1])
+        self.assertEqual(r.calls, [("wait_gather", 1), ("after_gather",)])
+        d.wait_parameters()
+        self.assertEqual(r.calls[2:], [("wait_gather", -1), ("after_gather",)])
+        self.assertEqual(d.gathering, set())
+
+    def test_sharded_without_whole_gradients_leaves_ranges(self):
+        d, r = driver(sharded=True)
+        d.attach_stepping(False, False)
+        d.close_window()
+        self.assertNotIn("gather_gradients", names(r))
+        self.assertFalse(d.gradients_whole)
+
+    def test_a_failed_window_ends_without_waits(self):
+        d, r = driver()
+        d.attach_stepping(True, True)
+        d.close_window()
+        d.fail_window()
+        self.assertEqual((d.phase, d.waited), (Phase.IDLE, {0, 1, 2}))
+        d.wait_gradients()
+        self.assertEqual(names(r), ["synchronize_start"])
+
+    def test_reads_of_the_module_wait_for_the_gathers_until_close(self):
+        module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        d, r = driver(sharded=True, module=module)
+        d.attach_stepping(False, True)
+        d.install_gather_waits({id(p): 0 for p in module.parameters()}, True)
+        d.gathering = {0}
+        list(module.named_parameters())
+        self.assertEqual(r.calls, [("wait_gather", -1), ("after_gather",)])
+        d.gathering = {0}
+        module(torch.ones(1, 2))  # the forward's pre-hooks wait for their buckets
+        self.assertEqual(r.calls[2:], [("wait_gather", 0), ("after_gather",)])
+        d.close()
+        d.gathering = {0}
+        list(module.named_parameters())
+        self.assertEqual(len(r.calls), 4)  # hooks and patched reads gone
+
+
+if __name__ == "__main__":
+    unittest.main()
