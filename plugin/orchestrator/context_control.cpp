@@ -72,7 +72,7 @@ void Context::broadcast(void* data, uint64_t bytes, int32_t root) {
   }
   checkIdle("sf_broadcast");
   if (opts_.world_size == 1) return;
-  if (opts_.backend == SF_BACKEND_NCCL) {
+  if (controlDevice() != SF_DEVICE_HOST) {
     fail(SF_ERR_UNSUPPORTED, "sf_broadcast copies host memory, which needs the Gloo transport: "
                              "with backend = nccl it is not available (use backend = auto)");
   }
@@ -149,7 +149,7 @@ void Context::allreduceFloat64(double* values, int64_t count) {
   }
   checkIdle("sf_allreduce_float64");
   if (opts_.world_size == 1) return;
-  if (opts_.backend == SF_BACKEND_NCCL) {
+  if (controlDevice() != SF_DEVICE_HOST) {
     fail(SF_ERR_UNSUPPORTED, "sf_allreduce_float64 sums host memory, which needs the Gloo "
                              "transport: with backend = nccl it is not available (use auto)");
   }

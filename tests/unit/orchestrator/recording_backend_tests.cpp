@@ -233,4 +233,25 @@ BOOST_AUTO_TEST_CASE(device_checks_go_to_the_device_backend) {
   BOOST_TEST(refused.made.empty());
 }
 
+BOOST_AUTO_TEST_CASE(host_control_collectives_refused_with_backend_nccl) {
+  // Context::controlDevice: with backend = nccl the control backend is the
+  // device's, so the host-memory control collectives are refused before
+  // any backend is made.
+  sf_options o = smallBuckets("memory://recording-nccl-control");
+  o.backend = SF_BACKEND_NCCL;
+  Recorded r(o);
+  double values[2] = {1.0, 2.0};
+  for (int call = 0; call < 2; ++call) {
+    try {
+      if (call == 0) r.ctx->broadcast(values, sizeof values, 0);
+      if (call == 1) r.ctx->allreduceFloat64(values, 2);
+      BOOST_FAIL("a host-memory control collective ran with backend = nccl");
+    } catch (const Error& e) {
+      BOOST_TEST(e.status() == SF_ERR_UNSUPPORTED);
+      BOOST_TEST(std::string(e.what()).find("needs the Gloo") != std::string::npos, e.what());
+    }
+  }
+  BOOST_TEST(r.made.empty());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
