@@ -1,15 +1,20 @@
 """What GradientSync checks of its arguments and its module, and the
 closures of its autograd hooks: the trainable parameters and their
 signature (the layout check at each synchronization), ``accumulate_dtype``,
-the sharded default bucket cap, and hooks that hold GradientSync weakly.
+the shard setting against the context's, the sharded default bucket cap,
+and hooks that hold GradientSync weakly.
 
 Not responsible for: attaching (gradient_sync.py), the window's
 collectives (window_driver.py).
 """
 
+import os
+
 import torch
 
-__all__ = ["trainable", "signature", "check_layout", "SHARDED_BUCKETS",
+from sfsync import shard
+
+__all__ = ["trainable", "signature", "check_layout", "check_shard_setting", "SHARDED_BUCKETS",
            "sharded_bucket_cap_mb", "ACCUMULATE_DTYPES", "accumulate_dtype_of", "call",
            "grad_hook", "post_accumulate_hook", "forward_hook"]
 
@@ -21,6 +26,29 @@ def trainable(module):
     names = {id(p): n for n, p in module.named_parameters()}
     params = [p for p in module.parameters() if p.requires_grad and p.numel() > 0]
     return params, [names.get(id(p), "param%d" % i) for i, p in enumerate(params)]
+
+
+def check_shard_setting(context, shard_optimizer, shard_layout):
+    """ValueError naming both when the context is sharded (the C side holds
+    that: SF_SHARD in the environment, or the options of a context handed
+    in) and GradientSync's ``shard_optimizer`` / ``shard_layout`` say
+    otherwise. Unchecked, a sharded C context under an unsharded
+    GradientSync failed only when the buckets were built."""
+    held = context.options()["shard_layout"]
+    if held == shard.LAYOUTS["none"]:
+        return  # the argument decides (shard.set_layout)
+    name = {v: k for k, v in shard.LAYOUTS.items()}.get(held, held)
+    env = os.environ.get("SF_SHARD", "")
+    source = ("SF_SHARD=%s in the environment" % env if env
+              else "the context's shard_layout %r" % name)
+    if not shard_optimizer:
+        raise ValueError("GradientSync(shard_optimizer=False) on a sharded context (%s): pass "
+                         "shard_optimizer=True (shard_layout=%r) to shard, or unset SF_SHARD "
+                         "(a context with shard_layout 'none') not to" % (source, name))
+    if shard.layout_value(shard_layout) != held:
+        raise ValueError("GradientSync(shard_layout=%r) on a context sharded %r (%s): pass "
+                         "shard_layout=%r, or make both the same" % (shard_layout, name, source,
+                                                                     name))
 
 
 def signature(params):

@@ -21,7 +21,8 @@ import torch
 import sfsync
 from sfsync import shard
 from sfsync.host_window import HostWindow
-from sfsync.torch.attach_checks import (accumulate_dtype_of, call, check_layout, forward_hook,
+from sfsync.torch.attach_checks import (accumulate_dtype_of, call, check_layout,
+                                        check_shard_setting, forward_hook,
                                         grad_hook, post_accumulate_hook, sharded_bucket_cap_mb,
                                         signature, trainable)
 from sfsync.torch.face import SET_TO_NONE_DEFAULT, WindowFace, check_counts, set_window
@@ -186,6 +187,7 @@ class GradientSync(WindowFace, Weighing):
                 ctx.set_bucket_cap_mb(bucket_cap_mb)
             if first_bucket_cap_mb is not None:
                 ctx.set_first_bucket_cap_mb(first_bucket_cap_mb)
+            check_shard_setting(ctx, self.shard_optimizer, shard_layout)
             if self.shard_optimizer:
                 shard.set_layout(ctx, shard_layout)
             self.store = GradientStore(ctx, self.params, self.names, flat_buffer=flat_buffer,

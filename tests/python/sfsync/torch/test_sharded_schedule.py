@@ -142,5 +142,34 @@ class ShardedSchedule(unittest.TestCase):
         self.assertEqual(unsharded.stats()["bucket_count"], 3)
 
 
+class ShardSettingAgainstTheEnvironment(unittest.TestCase):
+    """SF_SHARD (read by the C context) against GradientSync's arguments: a
+    contradiction is an error at construction naming both (issue 44)."""
+
+    def attach(self, env, **kw):
+        with mock.patch.dict(os.environ, env):
+            sync = sft.GradientSync(layers(2, 8), accumulation_steps=2, **dict(LOCAL, **kw))
+        self.addCleanup(sync.close)
+        return sync
+
+    def test_sf_shard_flat_with_shard_optimizer_false_is_refused(self):
+        with self.assertRaises(ValueError) as e:
+            self.attach({"SF_SHARD": "flat"})
+        self.assertIn("shard_optimizer=False", str(e.exception))
+        self.assertIn("SF_SHARD=flat in the environment", str(e.exception))
+
+    def test_sf_shard_parameter_with_shard_layout_flat_is_refused(self):
+        with self.assertRaises(ValueError) as e:
+            self.attach({"SF_SHARD": "parameter"}, shard_optimizer=True, shard_layout="flat")
+        self.assertIn("shard_layout='flat'", str(e.exception))
+        self.assertIn("SF_SHARD=parameter in the environment", str(e.exception))
+
+    def test_agreeing_or_unset_settings_attach(self):
+        sync = self.attach({"SF_SHARD": "parameter"}, shard_optimizer=True,
+                           shard_layout="parameter")
+        self.assertEqual(sync.context.options()["shard_layout"], shard.LAYOUTS["parameter"])
+        sync = self.attach({"SF_SHARD": "none"})
+        self.assertEqual(sync.context.options()["shard_layout"], shard.LAYOUTS["none"])
+
 if __name__ == "__main__":
     unittest.main()
