@@ -163,17 +163,19 @@ took "what was left of the downloads"
 # One ctest run (tests/support/pool_ctest_trees.py): the normal tree's whole
 # suite, then the two sanitizer trees' unit suites (tests named asan:NAME and
 # tsan:NAME), each of which waits for its tree's background build
-# (tests/support/after_build.sh) and is started after every test of the
-# normal tree. As two runs one after the other, the sanitizer suites (their
-# tests mostly wait: 188 CPU-s in 134 s on 2 cores) left a core idle, and so
-# did the first run's tail.
+# (tests/support/after_build.sh) and is started after the normal tree's
+# one-slot tests and after its two-slot tests (DEPENDS), as are the fuzz
+# tests, which wait for the ASan tree: the two-slot tests leave a core to the
+# idle-priority builds. As two runs one after the other, the sanitizer suites
+# (their tests mostly wait: 188 CPU-s in 134 s on 2 cores) left a core idle,
+# and so did the first run's tail.
 while [ ! -e build/sanitizer-trees-configured ] && kill -0 "$background_pid" 2> /dev/null; do
   sleep 1
 done
 [ -e build/sanitizer-trees-configured ] || { cat build/background-builds.log; exit 1; }
 rm -rf build/test-pool
 python3 tests/support/pool_ctest_trees.py build/test-pool --first build --label unit \
-  --after-build 1800 build-asan=asan build-tsan=tsan
+  --after-build 1800 --label-after fuzz build-asan=asan build-tsan=tsan
 echo "== tests: everything, and the ASan + UBSan (asan:*) and TSan (tsan:*) trees' unit suites"
 (cd build/test-pool &&
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/../../tests/tsan.supp" \

@@ -23,9 +23,17 @@ in their trees.
 --after-build S  each TAG tree's test waits for that tree's build first
                  (tests/support/after_build.sh: TREE.lock, which scripts/test.sh's
                  background build holds until the tree is built), at most S
-                 seconds, added to its TIMEOUT; and its COST drops by 10000, so
-                 that ctest starts it after every --first test (in their order
-                 of COST among themselves), when that build is most likely done.
+                 seconds, added to its TIMEOUT; its COST drops by 10000, so
+                 that ctest starts it after every one-slot --first test (in
+                 their order of COST among themselves); and it DEPENDS on every
+                 --first test that takes more than one slot (PROCESSORS), but
+                 those with a negative COST (started last on purpose). Without
+                 that, ctest -j2 starts a one-slot test whenever a slot frees,
+                 and the two-slot tests waited for the last pooled test, while
+                 the pooled tests had started before their builds were done.
+--label-after L  the --first tests labelled L DEPEND on those same tests too
+                 (scripts/test.sh: the fuzz tests, which wait for the ASan
+                 tree's build themselves).
 """
 import os
 import re
@@ -99,9 +107,49 @@ def labelled(text, label):
     return "".join(c for c, kind, name in parsed if kind is None or name in keep) + tail
 
 
-def after_build(text, lock, seconds):
+def properties_of(tree):
+    """{test name: its set_tests_properties command} over tree's CTestTestfiles."""
+    props = {}
+    for folder, _, files in os.walk(tree):
+        if "CTestTestfile.cmake" not in files:
+            continue
+        with open(os.path.join(folder, "CTestTestfile.cmake")) as f:
+            parsed, _ = tests_of(f.read())
+        props.update((name, c) for c, kind, name in parsed if kind == "set_tests_properties")
+    return props
+
+
+def multi_slot(props):
+    """Of props (properties_of), the tests that take more than one slot
+    (PROCESSORS > 1) and have no negative COST."""
+    names = []
+    for name, c in props.items():
+        procs = re.search(r'\bPROCESSORS "([0-9]+)"', c)
+        cost = re.search(r'\bCOST "(-?[0-9.]+)"', c)
+        if procs and int(procs.group(1)) > 1 and not (cost and float(cost.group(1)) < 0):
+            names.append(name)
+    return sorted(names)
+
+
+def labelled_after(props, label, before):
+    """set_tests_properties commands that make props' tests labelled label
+    DEPEND on before too (their own DEPENDS kept)."""
+    out = []
+    for name, c in sorted(props.items()):
+        labels = re.search(r'\bLABELS "([^"]*)"', c)
+        if labels and label in labels.group(1).split(";"):
+            dep = re.search(r'\bDEPENDS "([^"]*)"', c)
+            deps = (dep.group(1).split(";") if dep else []) + before
+            out.append('set_tests_properties([=[%s]=] PROPERTIES DEPENDS "%s")\n'
+                       % (name, ";".join(deps)))
+    return "".join(out)
+
+
+def after_build(text, lock, seconds, depends=()):
     """Each test of text waits for lock first (tests/support/after_build.sh),
-    at most seconds, added to its TIMEOUT; its COST drops by LATER."""
+    at most seconds, added to its TIMEOUT; its COST drops by LATER; and it
+    DEPENDS on the tests named in depends."""
+    extra_dep = ";".join(depends)
     wrap = '"%s" "%s" "%d" ' % (os.path.join(HERE, "after_build.sh"), lock, seconds)
     parsed, tail = tests_of(text)
     out, names, props = [], set(), set()
@@ -123,25 +171,34 @@ def after_build(text, lock, seconds):
                 c = c.replace(cost.group(0), 'COST "%g"' % (float(cost.group(1)) - LATER), 1)
             else:
                 c = c.replace(" PROPERTIES ", ' PROPERTIES COST "%d" ' % -LATER, 1)
+            if extra_dep:
+                dep = re.search(r'\bDEPENDS "([^"]*)"', c)
+                if dep:
+                    c = c.replace(dep.group(0), 'DEPENDS "%s;%s"' % (dep.group(1), extra_dep), 1)
+                else:
+                    c = c.replace(" PROPERTIES ", ' PROPERTIES DEPENDS "%s" ' % extra_dep, 1)
         out.append(c)
     # A test with no properties of its own still starts late and has its timeout.
-    out += ['\nset_tests_properties([=[%s]=] PROPERTIES TIMEOUT "%d" COST "%d")'
-            % (n, 1500 + seconds, -LATER) for n in sorted(names - props)]
+    out += ['\nset_tests_properties([=[%s]=] PROPERTIES TIMEOUT "%d" COST "%d"%s)'
+            % (n, 1500 + seconds, -LATER, ' DEPENDS "%s"' % extra_dep if extra_dep else "")
+            for n in sorted(names - props)]
     return "".join(out) + tail + "\n"
 
 
 def main(argv):
-    args, first, label, wait = argv[1:], None, None, None
+    args, first, label, wait, label_after = argv[1:], None, None, None, None
     out = None
     trees = []
     while args:
         a = args.pop(0)
-        if a in ("--first", "--label", "--after-build") and args:
+        if a in ("--first", "--label", "--after-build", "--label-after") and args:
             v = args.pop(0)
             if a == "--first":
                 first = os.path.abspath(v)
             elif a == "--label":
                 label = v
+            elif a == "--label-after":
+                label_after = v
             else:
                 wait = int(v)
         elif out is None and "=" not in a and not a.startswith("--"):
@@ -153,6 +210,8 @@ def main(argv):
     if out is None or not trees:
         sys.exit(__doc__)
     tags = []
+    first_props = properties_of(first) if first else {}
+    before = multi_slot(first_props) if wait is not None else []
     for arg in trees:
         tree, tag = arg.rsplit("=", 1)
         tree = os.path.abspath(tree)
@@ -175,7 +234,7 @@ def main(argv):
                 text = labelled(text, label)
             text = renamed(text, tag)
             if wait is not None:
-                text = after_build(text, tree + ".lock", wait)
+                text = after_build(text, tree + ".lock", wait, before)
             with open(os.path.join(dest, "CTestTestfile.cmake"), "w") as f:
                 f.write(text)
     os.makedirs(out, exist_ok=True)
@@ -184,6 +243,8 @@ def main(argv):
         if first:
             f.write('subdirs("%s")\n' % first)
         f.write("".join('subdirs("%s")\n' % t for t in tags))
+        if label_after and before:
+            f.write(labelled_after(first_props, label_after, before))
     return 0
 
 
