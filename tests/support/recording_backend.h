@@ -8,7 +8,8 @@
 // rank's segment; an all-gather leaves everything in place (every mirror
 // rank's segment already holds this rank's values). No socket, no thread,
 // no peer; float32 only. Used by the orchestrator's and the reducer's room
-// suites (Context through a BackendMaker, Reducer through its BackendFor).
+// suites (Context through a BackendMaker, Reducer as the backend handed to
+// it with each gradient, Reducer::addGradient).
 
 #include <boost/test/unit_test.hpp>
 
