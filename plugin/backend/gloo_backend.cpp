@@ -233,21 +233,15 @@ void reduceNative(const std::shared_ptr<gloo::Context>& context, void* data, int
   gloo::AllreduceOptions opts(context);
   opts.setTag(tag);
   switch (dtype) {
-    case SF_DTYPE_FLOAT32:
-      setBuffer<float>(opts, data, numel);
-      opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
-      break;
-    case SF_DTYPE_FLOAT64:
-      setBuffer<double>(opts, data, numel);
-      opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<double>));
-      break;
-    default:  // 16-bit floats: our own conversion-based sum
-      setBuffer<uint16_t>(opts, data, numel);
-      opts.setReduceFunction([dtype](void* c, const void* a, const void* b, size_t n) {
-        addInto(c, a, b, n, dtype);
-      });
-      break;
+    case SF_DTYPE_FLOAT32: setBuffer<float>(opts, data, numel); break;
+    case SF_DTYPE_FLOAT64: setBuffer<double>(opts, data, numel); break;
+    default: setBuffer<uint16_t>(opts, data, numel); break;  // 16-bit floats
   }
+  // Our own sum for every dtype (16-bit: through float32): addInto's loops
+  // are vectorized (plugin/CMakeLists.txt), Gloo's sum<T> here would not be.
+  opts.setReduceFunction([dtype](void* c, const void* a, const void* b, size_t n) {
+    addInto(c, a, b, n, dtype);
+  });
   gloo::allreduce(opts);
 }
 
