@@ -134,7 +134,9 @@ typedef struct sf_options {
   sf_reduce_op reduce_op;   /* env SF_REDUCE = average|sum|prescaled_sum|weighted (default average) */
   int32_t reserved0;        /* must be 0 */
   double prescale;          /* factor for SF_REDUCE_PRESCALED_SUM; env SF_PRESCALE (default 1) */
-  double bucket_cap_mb;     /* bucket cap in MiB; env SF_BUCKET_CAP_MB (default 25) */
+  double bucket_cap_mb;     /* bucket cap in MiB; env SF_BUCKET_CAP_MB (default 25; since 0.5
+                               a sharded context that keeps the default builds with the
+                               sharded default: sf_set_bucket_cap_mb) */
   double first_bucket_cap_mb; /* the first bucket closes once it holds this much (since 0.2,
                                  DDP's rule: it takes a large last-layer weight and starts
                                  during the backward), never past max(this, bucket_cap_mb);
@@ -264,7 +266,14 @@ SF_API sf_status sf_get_options(const sf_context* ctx, sf_options* out);
 
 /** Set the bucket cap in MiB: positive and finite, else
  *  SF_ERR_INVALID_ARGUMENT naming the value. SF_ERR_INVALID_STATE once the
- *  buckets are built. */
+ *  buckets are built.
+ *  Since 0.5 the cap counts as chosen once this is called, when
+ *  SF_BUCKET_CAP_MB is set in the environment at sf_create (or at the
+ *  default context's creation), or when sf_options.bucket_cap_mb differs
+ *  from the default 25; a sharded context (sf_set_shard_layout) whose cap
+ *  was never chosen builds with the sharded default instead of 25 (to keep
+ *  25 MiB there, call this with 25). sf_get_options reports the cap the
+ *  buckets were built with once they are built, the cap as set before. */
 SF_API sf_status sf_set_bucket_cap_mb(sf_context* ctx, double mb);
 /** Same for the first bucket (the gradients ready first). */
 SF_API sf_status sf_set_first_bucket_cap_mb(sf_context* ctx, double mb);
@@ -932,7 +941,12 @@ typedef int32_t sf_shard_layout;
 
 /** Set the shard layout (overrides sf_options.shard_layout). Until the
  *  buckets are built, else SF_ERR_INVALID_STATE; a value that is not an
- *  sf_shard_layout is SF_ERR_INVALID_ARGUMENT naming it. Since 0.3. */
+ *  sf_shard_layout is SF_ERR_INVALID_ARGUMENT naming it. Since 0.3.
+ *  Since 0.5 a sharded context whose bucket cap was never chosen builds
+ *  its buckets with the sharded default cap: the registered gradients'
+ *  bytes / 8, within 1..25 MiB (about 8 buckets; see sf_set_bucket_cap_mb
+ *  for what counts as chosen). Before 0.5 only the Python binding applied
+ *  it (GradientSync(shard_optimizer=True)); every host now gets it. */
 SF_API sf_status sf_set_shard_layout(sf_context* ctx, sf_shard_layout layout);
 
 /**

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -106,12 +107,23 @@ sf_status sf_options_init(sf_options* opts, uint64_t struct_size) {
   });
 }
 
+namespace {
+// A context over validated options, with the default backends. A bucket cap
+// from SF_BUCKET_CAP_MB counts as chosen even at the default's value (a
+// sharded context keeps it: reducer.h).
+sf_context* createContext(const sf_options& o) {
+  std::unique_ptr<sf_context> ctx(new sf_context(o, sfsync::defaultBackends()));
+  if (sfsync::bucketCapFromEnvironment()) ctx->setBucketCapMb(o.bucket_cap_mb);
+  return ctx.release();
+}
+}  // namespace
+
 sf_status sf_create(const sf_options* opts, sf_context** out) {
   return guard("sf_create", [&] {
     sf_context*& result = checked(out, "out");
     sf_options o = sfsync::optionsFromCaller(opts);
     sfsync::validateOptions(o);
-    result = new sf_context(o, sfsync::defaultBackends());
+    result = createContext(o);
   });
 }
 
@@ -133,7 +145,7 @@ sf_status sf_default_context(sf_context** out) {
     if (!instance) {
       sf_options o = sfsync::optionsFromCaller(nullptr);
       sfsync::validateOptions(o);
-      instance = new sf_context(o, sfsync::defaultBackends());
+      instance = createContext(o);
     }
     result = instance;
     sfsync::publishDefaultContext(instance);  // for the shim (plugin/api/internal_api.cpp)

@@ -1,5 +1,6 @@
 #include "plugin/core/options.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cmath>
 #include <cstring>
@@ -99,6 +100,13 @@ void validateCap(double mb, const char* what) {
 int64_t capBytes(double mb) {
   int64_t b = int64_t(mb * 1048576.0);
   return b < 1 ? 1 : b;
+}
+
+double shardedDefaultCapMb(int64_t gradientBytes) {
+  // The same double arithmetic as the Python binding's 0.4 rule (bytes / 8 /
+  // 2^20, every step exact below 2^53 bytes): the same buckets as before.
+  const double mb = double(gradientBytes) / kShardedBuckets / 1048576.0;
+  return std::min(kDefaultBucketCapMb, std::max(1.0, mb));
 }
 
 }  // namespace sfsync

@@ -39,4 +39,15 @@ void validateCap(double mb, const char* what);
 // Bytes of a cap given in MiB.
 int64_t capBytes(double mb);
 
+// The bucket cap of a sharded context whose cap was never chosen (since
+// 0.5; before, only the Python binding applied it): the registered
+// gradients' bytes over kShardedBuckets, within [1, kDefaultBucketCapMb]
+// MiB. The last bucket's reduce-scatter, step and gather lie between the
+// last backward and the next forward, so a small one keeps that short, and
+// the first reduce-scatters start early in the backward (25 MiB, DDP's cap,
+// left bench/torch2_bench.py's transformer 3 buckets and the wire idle
+// through most of the last backward).
+constexpr int kShardedBuckets = 8;
+double shardedDefaultCapMb(int64_t gradientBytes);
+
 }  // namespace sfsync

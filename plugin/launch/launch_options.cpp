@@ -135,6 +135,8 @@ void optionsFromEnvironment(sf_options& o) {
   if (!env.firstError().empty()) fail(SF_ERR_INVALID_ARGUMENT, env.firstError());
 }
 
+bool bucketCapFromEnvironment() { return envValue("SF_BUCKET_CAP_MB") != nullptr; }
+
 sf_options optionsFromCaller(const sf_options* caller) {
   sf_options o;
   if (!caller) {

@@ -44,4 +44,10 @@ sf_options optionsFromCaller(const sf_options* caller);
 // Throws SF_ERR_INVALID_ARGUMENT naming the field and value at fault.
 void validateOptions(const sf_options& opts);
 
+// SF_BUCKET_CAP_MB is set in this process's environment (an empty value
+// counts as unset): the bucket cap was chosen, whatever its value, so a
+// sharded context keeps it (since 0.5 the sharded default applies only to a
+// cap never chosen: reducer.h, core/options.h's shardedDefaultCapMb).
+bool bucketCapFromEnvironment();
+
 }  // namespace sfsync

@@ -16,6 +16,7 @@ namespace sfsync {
 
 Reducer::Reducer(const sf_options& opts)
     : opts_(opts),
+      capChosen_(opts.bucket_cap_mb != kDefaultBucketCapMb),
       memory_([this](sf_device d) -> MemoryOps& { return backendOf(d); }) {}
 
 Reducer::~Reducer() {

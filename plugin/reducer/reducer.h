@@ -76,7 +76,8 @@ struct ReducerCounters {
 class Reducer {
  public:
   // `opts`: copied; the caps and the shard layout change only through the
-  // setters below, before the build.
+  // setters below, before the build. A bucket_cap_mb other than the default
+  // (kDefaultBucketCapMb) counts as chosen, as does setBucketCapMb.
   explicit Reducer(const sf_options& opts);
   ~Reducer();
 
@@ -91,11 +92,16 @@ class Reducer {
   // has checked id; checks the layout, the state and the match.
   void addParameter(int64_t id, void* hostData, int64_t numel, sf_dtype dtype, sf_device device);
   // The options the build reads, before it (values checked by the caller);
-  // SF_ERR_INVALID_STATE once the buckets are built.
+  // SF_ERR_INVALID_STATE once the buckets are built. setBucketCapMb chooses
+  // the cap (the sharded default below no longer applies).
   void setBucketCapMb(double mb);
   void setFirstBucketCapMb(double mb);
   void setShardLayout(sf_shard_layout layout);
-  // The options as the build reads them (caps and shard layout as set).
+  // The options as the build reads them (the one copy: caps and shard layout
+  // as set). The build settles the bucket cap of a sharded context whose cap
+  // was never chosen (shardedDefaultCapMb of the registered gradients'
+  // bytes, core/options.h): from then on bucket_cap_mb is that effective
+  // cap; before, the default as set.
   const sf_options& options() const { return opts_; }
   // Once true, plan() and the gradients' addresses never change.
   bool built() const { return built_.load(std::memory_order_acquire); }
@@ -221,6 +227,7 @@ class Reducer {
   bool drainLocked() noexcept;  // wait for all work; false if any failed
 
   sf_options opts_;  // caps and shard layout as set; frozen once built
+  bool capChosen_;   // bucket_cap_mb was chosen (not the default): no sharded default
   // Each device's backend (indexed by sf_device), as addGradient was handed it.
   std::array<Backend*, 2> deviceBackends_{};
   std::vector<Gradient> grads_;

@@ -85,6 +85,7 @@ void Reducer::setBucketCapMb(double mb) {
   std::lock_guard<std::mutex> lock(mutex_);
   requireNotBuilt("bucket caps can only change before");
   opts_.bucket_cap_mb = mb;
+  capChosen_ = true;
 }
 
 void Reducer::setFirstBucketCapMb(double mb) {
@@ -119,6 +120,9 @@ void Reducer::buildLocked() {
   if (built()) return;
   if (grads_.empty()) fail(SF_ERR_INVALID_STATE, "no gradient is registered");
   checkParameters();
+  // Sharded, with no cap chosen: about kShardedBuckets buckets (the one
+  // place the rule is applied; the options then report the effective cap).
+  if (sharded() && !capChosen_) opts_.bucket_cap_mb = shardedDefaultCapMb(totalBytes_);
   std::vector<GradSpec> specs;
   for (const auto& g : grads_) specs.push_back({g.numel, g.dtype, g.device});
   plan_ = planBuckets(specs, capBytes(opts_.bucket_cap_mb), capBytes(opts_.first_bucket_cap_mb));
