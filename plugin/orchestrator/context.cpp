@@ -28,17 +28,17 @@ sf_options clamped(sf_options o) {
 }  // namespace
 
 Context::Context(const sf_options& opts, BackendMaker makeBackend)
-    : opts_(clamped(opts)),
-      trace_(Tracer::fromEnvironment(opts_.rank, opts_.world_size)),
-      reducer_(opts_),
-      rendezvous_(std::make_shared<Rendezvous>(opts_)) {
+    : trace_(Tracer::fromEnvironment(opts.rank, opts.world_size)),
+      reducer_(clamped(opts)),  // the one copy of the options (context.h)
+      rendezvous_(std::make_shared<Rendezvous>(reducer_.options())) {
   if (!makeBackend) fail(SF_ERR_INTERNAL, "a Context needs a BackendMaker");
   makeBackend_ = std::move(makeBackend);
   reducer_.setTracer(trace_.get());
-  logSetRank(opts_.rank);
-  SF_LOG(kInfo, "context", "rank " << opts_.rank << " of " << opts_.world_size << ", backend "
-                                    << opts_.backend << ", rendezvous '" << opts_.rendezvous
-                                    << "', timeout_ms " << opts_.timeout_ms);
+  const sf_options& o = options();
+  logSetRank(o.rank);
+  SF_LOG(kInfo, "context", "rank " << o.rank << " of " << o.world_size << ", backend "
+                                    << o.backend << ", rendezvous '" << o.rendezvous
+                                    << "', timeout_ms " << o.timeout_ms);
 }
 
 Context::~Context() {
@@ -74,26 +74,26 @@ class RefusedBackend final : public Backend {
 }  // namespace
 
 sf_device Context::controlDevice() const {
-  return opts_.backend == SF_BACKEND_NCCL ? SF_DEVICE_CUDA : SF_DEVICE_HOST;
+  return options().backend == SF_BACKEND_NCCL ? SF_DEVICE_CUDA : SF_DEVICE_HOST;
 }
 
 Backend& Context::backendFor(sf_device device) {
   std::lock_guard<std::mutex> lock(backendsMutex_);
   auto& slot = backends_[device];
   if (slot) return *slot;
-  if (device == SF_DEVICE_HOST && opts_.backend == SF_BACKEND_NCCL) {
+  if (device == SF_DEVICE_HOST && options().backend == SF_BACKEND_NCCL) {
     slot = std::make_unique<RefusedBackend>(
         "backend = nccl cannot reduce host-memory gradients; use gloo or auto");
     return *slot;
   }
-  if (device == SF_DEVICE_CUDA && opts_.backend == SF_BACKEND_GLOO) {
+  if (device == SF_DEVICE_CUDA && options().backend == SF_BACKEND_GLOO) {
     fail(SF_ERR_UNSUPPORTED, "backend = gloo cannot reduce CUDA gradients; use nccl or auto");
   }
-  auto made = makeBackend_(device, opts_, rendezvous_);  // SF_ERR_UNSUPPORTED: no CUDA/NCCL/GPU
+  auto made = makeBackend_(device, options(), rendezvous_);  // SF_ERR_UNSUPPORTED: no CUDA/NCCL/GPU
   if (!made) fail(SF_ERR_INTERNAL, "the BackendMaker made no backend for device " + std::to_string(device));
   made->setHostStream(cudaStream_);
   // Every collective is counted where it is handed over (sf_stats.wire_*).
-  slot = std::make_unique<CountingBackend>(std::move(made), wire_, opts_.world_size);
+  slot = std::make_unique<CountingBackend>(std::move(made), wire_, options().world_size);
   return *slot;
 }
 
@@ -439,7 +439,7 @@ void Context::windowTotals(double* weight, double* sums, int32_t count) const {
   if (!reducer_.windowTotals(t)) {
     fail(SF_ERR_INVALID_STATE,
          std::string("no weighted window has completed yet") +
-             (opts_.reduce_op == SF_REDUCE_WEIGHTED
+             (options().reduce_op == SF_REDUCE_WEIGHTED
                   ? ""
                   : " (this context's reduce_op is not SF_REDUCE_WEIGHTED: it has none)"));
   }

@@ -53,8 +53,12 @@ class Context {
   ~Context();
 
   // ---- Options and registration -------------------------------------------
-  // The options in force: the caps and the shard layout as the reducer holds
-  // them (the one copy the build reads; opts_ keeps the creation's values).
+  // The options in force: the reducer's, the one copy (since 0.5 the Context
+  // keeps none of its own: before, it kept the creation's values, caps and
+  // shard layout stale once set). Rank, world size, backend, reduce op and
+  // the rest never change after creation; the caps and the shard layout
+  // change only through the setters below, before the build, and the build
+  // settles a sharded context's default cap (reducer.h).
   const sf_options& options() const { return reducer_.options(); }
   void setBucketCapMb(double mb);
   void setFirstBucketCapMb(double mb);
@@ -170,7 +174,6 @@ class Context {
   // a window since the last synchronization (the clock's count).
   void tracePass(bool inWindow, int64_t nth);
 
-  sf_options opts_;
   std::unique_ptr<Tracer> trace_;  // SF_TRACE; first: outlives the backends' threads
   std::mutex traceMutex_;
   double windowStartUs_ = -1;  // trace: the window's begin, -1 outside

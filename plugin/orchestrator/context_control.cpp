@@ -38,14 +38,14 @@ void Context::checkIdle(const char* what) const {
 void Context::connect() {
   std::lock_guard<std::mutex> lock(connectMutex_);
   if (connected_) return;
-  if (opts_.world_size > 1) {
+  if (options().world_size > 1) {
     Backend& backend = controlBackend();
     backend.connect();  // admission (Rendezvous::store) happens here
     // A second process that claimed a rank while the others connected wrote
     // its claim again; whoever sees that tells every rank, so that the whole
     // job fails the same way instead of some ranks training with a stranger.
     const std::string duplicate = rendezvous_->recheck();
-    int64_t flag = duplicate.empty() ? 0 : int64_t(opts_.rank) + 1;
+    int64_t flag = duplicate.empty() ? 0 : int64_t(options().rank) + 1;
     backend.allreduceMaxInt64(&flag, 1);
     if (!duplicate.empty()) fail(SF_ERR_MISMATCH, duplicate);
     if (flag != 0) {
@@ -53,7 +53,7 @@ void Context::connect() {
                                 " is claimed by two processes (that rank's log says which); "
                                 "check RANK and the launcher");
     }
-    SF_LOG(kInfo, "connect", "rank " << opts_.rank << " of " << opts_.world_size
+    SF_LOG(kInfo, "connect", "rank " << options().rank << " of " << options().world_size
                                      << " connected (" << backend.name() << ")");
   }
   connected_ = true;
@@ -63,15 +63,15 @@ void Context::broadcast(void* data, uint64_t bytes, int32_t root) {
   if (!data && bytes > 0) {
     fail(SF_ERR_INVALID_ARGUMENT, "data is NULL with bytes = " + std::to_string(bytes));
   }
-  if (root < 0 || root >= opts_.world_size) {
+  if (root < 0 || root >= options().world_size) {
     fail(SF_ERR_INVALID_ARGUMENT, "root = " + std::to_string(root) + " is not a rank in [0, " +
-                                      std::to_string(opts_.world_size) + ")");
+                                      std::to_string(options().world_size) + ")");
   }
   if (bytes > uint64_t(INT64_MAX)) {
     fail(SF_ERR_INVALID_ARGUMENT, "bytes = " + std::to_string(bytes) + " is too large");
   }
   checkIdle("sf_broadcast");
-  if (opts_.world_size == 1) return;
+  if (options().world_size == 1) return;
   if (controlDevice() != SF_DEVICE_HOST) {
     fail(SF_ERR_UNSUPPORTED, "sf_broadcast copies host memory, which needs the Gloo transport: "
                              "with backend = nccl it is not available (use backend = auto)");
@@ -112,15 +112,15 @@ uint64_t Context::digestGradients() {
 
 void Context::checkReplicas(uint64_t digest) {
   checkIdle("sf_check_replicas");
-  if (opts_.world_size == 1) return;
+  if (options().world_size == 1) return;
   connect();
   // An allgather as a max-reduction: each rank fills its own slot, the others
   // hold the smallest value (a digest equal to it still wins its own slot).
-  const int world = opts_.world_size;
+  const int world = options().world_size;
   std::vector<int64_t> slots(size_t(world), INT64_MIN);
   int64_t mine;
   std::memcpy(&mine, &digest, sizeof mine);
-  slots[size_t(opts_.rank)] = mine;
+  slots[size_t(options().rank)] = mine;
   controlBackend().allreduceMaxInt64(slots.data(), world);
   std::vector<int> differ;
   for (int r = 1; r < world; ++r) {
@@ -148,7 +148,7 @@ void Context::allreduceFloat64(double* values, int64_t count) {
     fail(SF_ERR_INVALID_ARGUMENT, "values is NULL with count = " + std::to_string(count));
   }
   checkIdle("sf_allreduce_float64");
-  if (opts_.world_size == 1) return;
+  if (options().world_size == 1) return;
   if (controlDevice() != SF_DEVICE_HOST) {
     fail(SF_ERR_UNSUPPORTED, "sf_allreduce_float64 sums host memory, which needs the Gloo "
                              "transport: with backend = nccl it is not available (use auto)");
