@@ -210,7 +210,7 @@ def parse_args(argv=None):
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="sfsync's bucket cap (default: its own: 25 MiB unsharded, "
-                        "sharded_bucket_cap_mb sharded); DDP's caps are per variant")
+                        "the plugin's sharded default sharded); DDP's caps are per variant")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="max abs weight difference from ddp_foreach")
     p.add_argument("--tolerance-16", type=float, default=1.0,
@@ -464,9 +464,26 @@ def ddp_cap_mb(variant, model):
     if variant in ("ddp_fused_capsf", "ddp_bf16_hook"):
         # ddp_bf16_hook: the cap of the DDP that was best in most of issue
         # 35's rows (docs/speed.md: every transformer row, the MLP at 1 Gbit/s)
-        from sfsync.torch.gradient_sync import sharded_bucket_cap_mb
-        return sharded_bucket_cap_mb(list(model.parameters()))
+        return sharded_cap_mb(model)
     return None
+
+
+def sharded_cap_mb(model):
+    """The plugin's sharded default cap (since 0.5 the plugin's rule,
+    sf_set_shard_layout) for the model's gradients: asked of a throwaway
+    world-size-1 sharded context once its buckets are built."""
+    import sfsync
+    from sfsync import shard
+    from sfsync.torch.store import sf_dtype
+    with sfsync.Context(rank=0, world_size=1, rendezvous="") as ctx:
+        shard.set_layout(ctx, "flat")
+        for p in model.parameters():
+            if p.requires_grad and p.numel():
+                gid = ctx.add_gradient(p.numel(), sf_dtype(p.dtype))
+                shard.register_parameter(ctx, gid, p.numel(), sf_dtype(p.dtype),
+                                         sfsync.DEVICE_HOST)
+        ctx.build_buckets()
+        return ctx.options()["bucket_cap_mb"]
 
 
 class Runner:

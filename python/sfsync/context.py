@@ -15,7 +15,8 @@ import weakref
 from sfsync._abi import (DEVICE_CUDA, DEVICE_HOST, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32,
                          DTYPE_FLOAT64, ERR_INTERNAL, ERR_INVALID_ARGUMENT, ERR_INVALID_STATE, ERR_UNSUPPORTED,
                          LOG_WARN, REDUCE_AVERAGE, REDUCE_PRESCALED_SUM, REDUCE_SUM,
-                         REDUCE_WEIGHTED, RENDEZVOUS_MAX, WINDOW_SUMS, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
+                         REDUCE_WEIGHTED, RENDEZVOUS_MAX, SHARD_FLAT, SHARD_NONE, SHARD_PARAMETER,
+                         WINDOW_SUMS, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
                          STORE_TIMEOUT, Options, Stats, Store)
 from sfsync._abi import _ContextPtr  # the binding's opaque pointer type (see loader.py)
 from sfsync.buffers import address_and_size, digest
@@ -36,6 +37,8 @@ _CTYPES_ELEMENTS = {DTYPE_FLOAT32: ctypes.c_float, DTYPE_FLOAT64: ctypes.c_doubl
 #: The names options() takes for reduce_op (SF_REDUCE's) and wire_dtype.
 REDUCE_NAMES = {"average": REDUCE_AVERAGE, "sum": REDUCE_SUM,
                 "prescaled_sum": REDUCE_PRESCALED_SUM, "weighted": REDUCE_WEIGHTED}
+#: The name of each sf_shard_layout (SF_SHARD's, GradientSync's shard_layout).
+SHARD_NAMES = {SHARD_NONE: "none", SHARD_FLAT: "flat", SHARD_PARAMETER: "parameter"}
 WIRE_NAMES = {"float32": DTYPE_FLOAT32, "fp32": DTYPE_FLOAT32, "float16": DTYPE_FLOAT16,
               "fp16": DTYPE_FLOAT16, "bfloat16": DTYPE_BFLOAT16, "bf16": DTYPE_BFLOAT16}
 
@@ -178,11 +181,25 @@ class Context:
     # -- options and buckets
 
     def options(self):
-        """The effective options (sf_get_options) as a dict."""
+        """The effective options (sf_get_options) as a dict: bucket_cap_mb
+        is the cap the buckets were built with once they are (since 0.5 a
+        sharded context with no cap chosen builds with the sharded default,
+        sf_set_shard_layout), the cap as set before."""
         out = Options()
         out.struct_size = ctypes.sizeof(out)
         lib().sf_get_options(self.handle, ctypes.byref(out))
         return out.to_dict()
+
+    @property
+    def shard_layout(self):
+        """The name of the context's own shard layout, "none", "flat" or
+        "parameter" (sf_options.shard_layout, SF_SHARD, sf_set_shard_layout).
+        The context is the setting's one holder, and every sharded-or-not
+        question of the package asks it here."""
+        out = Options()
+        out.struct_size = ctypes.sizeof(out)
+        lib().sf_get_options(self.handle, ctypes.byref(out))
+        return SHARD_NAMES.get(out.shard_layout, out.shard_layout)
 
     def set_bucket_cap_mb(self, mb):
         lib().sf_set_bucket_cap_mb(self.handle, mb)

@@ -1,8 +1,9 @@
 """What GradientSync checks of its arguments and its module, and the
 closures of its autograd hooks: the trainable parameters and their
 signature (the layout check at each synchronization), ``accumulate_dtype``,
-the shard setting against the context's, the sharded default bucket cap,
-and hooks that hold GradientSync weakly.
+the shard setting against the context's (which then holds it: the
+sharded default bucket cap is the plugin's since 0.5), and hooks that hold
+GradientSync weakly.
 
 Not responsible for: attaching (gradient_sync.py), the window's
 collectives (window_driver.py).
@@ -14,9 +15,9 @@ import torch
 
 from sfsync import shard
 
-__all__ = ["trainable", "signature", "check_layout", "check_shard_setting", "SHARDED_BUCKETS",
-           "sharded_bucket_cap_mb", "ACCUMULATE_DTYPES", "accumulate_dtype_of", "call",
-           "grad_hook", "post_accumulate_hook", "forward_hook"]
+__all__ = ["trainable", "signature", "check_layout", "check_shard_setting",
+           "ACCUMULATE_DTYPES", "accumulate_dtype_of", "call", "grad_hook",
+           "post_accumulate_hook", "forward_hook"]
 
 
 def trainable(module):
@@ -83,16 +84,6 @@ def check_layout(module, attached, attached_names):
                                   new[s[0]][0][2]))
     raise RuntimeError("sfsync: the module's parameters were reordered after GradientSync "
                        "attached it: attach again")
-
-
-SHARDED_BUCKETS = 8  # the sharded default cap: about this many buckets
-
-
-def sharded_bucket_cap_mb(params):
-    """The sharded default bucket cap (MiB): the gradients' bytes over
-    SHARDED_BUCKETS, within 1..25 MiB (DDP's cap)."""
-    total = sum(p.numel() * p.element_size() for p in params)
-    return min(25.0, max(1.0, total / SHARDED_BUCKETS / 2 ** 20))
 
 
 ACCUMULATE_DTYPES = (torch.float32, torch.float64)

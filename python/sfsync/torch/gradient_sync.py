@@ -13,7 +13,6 @@ the optimizer), the memory of the gradients (store.py), the optimizer
 arguments and parameters (attach_checks.py).
 """
 
-import os
 import weakref
 
 import torch
@@ -23,8 +22,7 @@ from sfsync import shard
 from sfsync.host_window import HostWindow
 from sfsync.torch.attach_checks import (accumulate_dtype_of, call, check_layout,
                                         check_shard_setting, forward_hook,
-                                        grad_hook, post_accumulate_hook, sharded_bucket_cap_mb,
-                                        signature, trainable)
+                                        grad_hook, post_accumulate_hook, signature, trainable)
 from sfsync.torch.face import SET_TO_NONE_DEFAULT, WindowFace, check_counts, set_window
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.store import GradientStore, broadcast_tensors
@@ -101,14 +99,10 @@ class GradientSync(WindowFace, Weighing):
       **kw)`` steps this rank's shard and gathers the rest (sfsync/torch/optim.py).
       Without it ``sync.optimizer`` steps bucket by bucket as each all-reduce
       completes. ``set_accumulation_steps(n)``: N from the next window.
-      Sharded, ``bucket_cap_mb=None`` (with no ``SF_BUCKET_CAP_MB`` and no
-      context of the caller's) is about an eighth of the gradients, within
-      1..25 MiB (``sharded_bucket_cap_mb``, 0.4): the last bucket's
-      reduce-scatter, step and gather lie between the last backward and the
-      next forward, so a small one keeps that short, and the first
-      reduce-scatters start early in the backward (25 MiB, DDP's cap, left
-      the transformer of bench/torch2_bench.py 3 buckets and the wire idle
-      through most of the last backward).
+      Sharded, ``bucket_cap_mb=None`` (and no ``SF_BUCKET_CAP_MB``) is the
+      plugin's sharded default (0.5; Python's alone in 0.4): about an eighth
+      of the gradients, within 1..25 MiB (sf_set_shard_layout in sfsync.h).
+      ``sync.shard_optimizer`` and ``sync.shard_layout`` ask the context.
 
     Each parameter's ``.grad`` is a view into the plugin's flat buffer
     (``flat_buffer=True``), on the parameters' device: host memory for a
@@ -146,8 +140,6 @@ class GradientSync(WindowFace, Weighing):
                                  "plugin's flat buffer: flat_buffer=False does not fit")
         self.accumulate_dtype = accumulate_dtype_of(accumulate_dtype, flat_buffer, hooks,
                                                     shard_optimizer)
-        self.shard_optimizer = bool(shard_optimizer)
-        self.shard_layout = shard_layout if shard_optimizer else "none"
         self._optimizer = None  # sync.optimizer(...): steps per bucket (sfsync/torch/optim.py)
         self._driver = None  # the window's collectives (window_driver.py), made with the store
         self._weighted = False  # reduce_op "weighted" (weighted.py), known once the context is
@@ -180,19 +172,16 @@ class GradientSync(WindowFace, Weighing):
             if self.context is None:
                 self.context = make_context(store=store, **options)
             ctx = self.context
-            if bucket_cap_mb is None and self.shard_optimizer and self._owns_context and \
-                    not os.environ.get("SF_BUCKET_CAP_MB"):
-                bucket_cap_mb = sharded_bucket_cap_mb(self.params)
+            # (sharded, bucket_cap_mb=None: the plugin's sharded default, 0.5)
             if bucket_cap_mb is not None:
                 ctx.set_bucket_cap_mb(bucket_cap_mb)
             if first_bucket_cap_mb is not None:
                 ctx.set_first_bucket_cap_mb(first_bucket_cap_mb)
-            check_shard_setting(ctx, self.shard_optimizer, shard_layout)
-            if self.shard_optimizer:
-                shard.set_layout(ctx, shard_layout)
+            check_shard_setting(ctx, shard_optimizer, shard_layout)
+            if shard_optimizer:
+                shard.set_layout(ctx, shard_layout)  # from now on the context says (shard_layout)
             self.store = GradientStore(ctx, self.params, self.names, flat_buffer=flat_buffer,
-                                       track_unused=self._track_unused,
-                                       sharded=self.shard_optimizer, device_ops=device_ops,
+                                       track_unused=self._track_unused, device_ops=device_ops,
                                        accumulate_dtype=self.accumulate_dtype)
             self.store.register()
             o = ctx.options()
@@ -201,7 +190,6 @@ class GradientSync(WindowFace, Weighing):
             self._driver = WindowDriver(
                 ctx, self.store, self._window, module=module, params=self.params,
                 names=self.names, rank=self.rank, world_size=self.world_size,
-                sharded=self.shard_optimizer, shard_layout=self.shard_layout,
                 broadcast_buffers=broadcast_buffers, accumulate_dtype=self.accumulate_dtype)
             if connect and self.world_size > 1:
                 ctx.connect()
@@ -223,6 +211,19 @@ class GradientSync(WindowFace, Weighing):
             raise
 
     # -- setup
+
+    @property
+    def shard_layout(self):
+        """The context's shard layout, "flat", "parameter" or "none", asked
+        of its one holder (sfsync.Context.shard_layout)."""
+        if self.context is None:
+            raise RuntimeError("GradientSync is closed: its context held the shard layout")
+        return self.context.shard_layout
+
+    @property
+    def shard_optimizer(self):
+        """True in a sharded context (asked, as shard_layout)."""
+        return self.shard_layout != "none"
 
     @property
     def _ids(self):

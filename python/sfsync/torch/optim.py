@@ -148,7 +148,6 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._driver = driver
         self._split = None   # per slot: the gradient straddles two ranks (first clip)
         self._class = optimizer_class
-        self._sharded = driver.sharded
         self._buckets = driver.context.stats()["bucket_count"]
         self._map = ShardMap(driver, params, self._buckets)
         hyper = self._map.hyper
@@ -171,8 +170,13 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.steps = 0
         self._states = StateDicts(self, self._map, driver, optimizer_class)
         driver.attach_stepping(overlap_step, whole_gradients)
-        if self._sharded:
+        if self.sharded:
             driver.install_gather_waits(self._map.bucket_of(), overlap_gather)
+
+    @property
+    def sharded(self):
+        """Steps this rank's shards (asked: the driver asks the context)."""
+        return self._driver.sharded
 
     @property
     def overlap_step(self):
@@ -204,7 +208,7 @@ class SyncOptimizer(torch.optim.Optimizer):
 
     def __repr__(self):
         return "sfsync.%s(%s over %s, %d of %d parameters stepped here)" % (
-            type(self).__name__, "sharded" if self._sharded else "per-bucket",
+            type(self).__name__, "sharded" if self.sharded else "per-bucket",
             self._class.__name__, len(self._map.stepped), len(self._map.slots))
 
     # -- state dicts (optim_state.py's StateDicts)
@@ -285,7 +289,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         g = s.param.grad
         if g is None:
             return None
-        if not self._sharded:
+        if not self.sharded:
             return g
         piece = s.piece(g)
         return piece.to(torch.float32) if s.master else piece
@@ -294,7 +298,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         slots = self._map.by_bucket[b]
         if not slots:
             return
-        if self._sharded:
+        if self.sharded:
             for s in slots:
                 # The view into p.grad, or a fresh float32 copy of it for a
                 # master shard (after any clip scaled p.grad in place).
@@ -302,7 +306,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         inner = self._inner[b]
         self._hyperparameters_in(inner)
         inner.step()
-        if self._sharded:
+        if self.sharded:
             with torch.no_grad():
                 for s in slots:
                     if s.master:
@@ -318,7 +322,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         driver = self._driver
-        if self._sharded and driver.phase == Phase.IDLE:
+        if self.sharded and driver.phase == Phase.IDLE:
             raise RuntimeError("sfsync: opt.step() before synchronization: a sharded optimizer "
                                "steps once per window, after the window's last backward pass "
                                "(when sync.is_step() is True); the gradients of this rank's "
@@ -326,7 +330,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if driver.phase == Phase.STEPPED:
             raise RuntimeError("sfsync: opt.step() was already called for window %d; step once "
                                "per window (when sync.is_step() is True)" % driver.windows)
-        mask_apart = self._sharded and driver.store.mask is not None  # summed apart
+        mask_apart = self.sharded and driver.store.mask is not None  # summed apart
         if driver.phase == Phase.REDUCING and not mask_apart:
             self._step_per_bucket()
         else:
@@ -373,7 +377,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if set_to_none is None:
             set_to_none = SET_TO_NONE_DEFAULT
         self._driver.zero_grad(set_to_none)
-        if self._sharded:
+        if self.sharded:
             for s in self._map.stepped:
                 s.tensor.grad = None
 

@@ -60,8 +60,8 @@ class ShardMap:
     those per bucket; ``unstepped``: parameters in no group."""
 
     def __init__(self, driver, params, buckets):
+        self._driver = driver  # asked whether the context is sharded (``sharded``)
         ctx, sharded = driver.context, driver.sharded
-        self.sharded = sharded
         self.slots = []
         for i, (p, gid) in enumerate(zip(driver.params, driver.store.ids)):
             off, cnt = shard.shard_range(ctx, gid) if sharded else (0, p.numel())
@@ -98,6 +98,10 @@ class ShardMap:
         for s in self.stepped:
             self.by_bucket[s.bucket].append(s)
         self.unstepped = [s for s in self.slots if s.index not in seen]
+
+    @property
+    def sharded(self):
+        return self._driver.sharded
 
     def full_index(self):
         """The slots in the order of torch's parameter indices (group order)."""

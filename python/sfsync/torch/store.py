@@ -122,7 +122,7 @@ class GradientStore:
     parameter's dtype (``publish``)."""
 
     def __init__(self, context, params, names, flat_buffer=True, track_unused=True,
-                 sharded=False, device_ops=None, accumulate_dtype=None):
+                 device_ops=None, accumulate_dtype=None):
         self.context = context
         self.accumulate_dtype = accumulate_dtype
         self.acc = [accumulate_dtype is not None and p.dtype != accumulate_dtype for p in params]
@@ -130,10 +130,15 @@ class GradientStore:
         self.ops = device_ops_for(params, names, device_ops)
         self.sync_stream = None  # the stream given to sf_set_cuda_stream (None: host)
         self.params, self.names = params, names
-        self.flat_buffer, self.track_unused, self.sharded = flat_buffer, track_unused, sharded
+        self.flat_buffer, self.track_unused = flat_buffer, track_unused
         self.ids, self.views = [], []
         self.mask, self.mask_id = None, None
         self.pointers = []
+
+    @property
+    def sharded(self):
+        """The context is sharded (asked: the context holds its shard layout)."""
+        return self.context.shard_layout != "none"
 
     def register(self):
         """Register every gradient (and, sharded, parameter), build the

@@ -12,7 +12,8 @@ parameter gathers after a sharded step with the waits for them (forward
 pre-hooks, reads of the module's parameters). It holds the window's
 collective state (``phase``, the buckets waited, the gathers in flight,
 whether the gradients are whole) and the facts of the attachment that both
-callers read (context, store, module, parameters, rank, layout).
+callers read (context, store, module, parameters, rank); the shard layout
+it asks the context (``sharded``, ``shard_layout``), which holds it.
 
 Not responsible for: counting passes and windows (sfsync/host_window.py),
 the hooks that see the backward (gradient_sync.py), stepping (optim.py),
@@ -52,14 +53,13 @@ class WindowDriver:
     ``local_used``. The driver calls neither of them."""
 
     def __init__(self, context, store, window, *, module, params, names, rank, world_size,
-                 sharded, shard_layout, broadcast_buffers, accumulate_dtype, collectives=shard):
+                 broadcast_buffers, accumulate_dtype, collectives=shard):
         self.context, self.store, self.window = context, store, window
         # sfsync.shard's calls on the context (FSDP2 injects its collectives
         # so: a test records them, tests/python/sfsync/torch/test_window_driver.py)
         self._collectives = collectives
         self.module, self.params, self.names = module, params, names
         self.rank, self.world_size = rank, world_size
-        self.sharded, self.shard_layout = sharded, shard_layout
         self.broadcast_buffers = broadcast_buffers
         self.accumulate_dtype = accumulate_dtype
         self.in_pass = False     # a backward pass is running (GradientSync's hooks say so)
@@ -80,6 +80,16 @@ class WindowDriver:
     @property
     def windows(self):
         return self.window.windows
+
+    @property
+    def shard_layout(self):
+        """The context's shard layout ("none", "flat", "parameter"): asked,
+        never held here (the context is its one holder)."""
+        return self.context.shard_layout
+
+    @property
+    def sharded(self):
+        return self.shard_layout != "none"
 
     def at_boundary(self):
         """Between windows: no pass of the next one has run."""

@@ -7,6 +7,8 @@
 * every module is at most 500 lines, with no waiver (issue 44, item 5);
 * GradientSync and SyncOptimizer never call each other: both call the
   WindowDriver (issue 44, item 2);
+* the shard setting has one holder, the C context: no module stores it
+  again (issue 44, item 1);
 * SyncOptimizer sets no private attribute of torch.optim.Optimizer by hand
   and never swaps an inner optimizer's ``params`` in and out;
 * every public name is importable from its 0.3 location and from its new
@@ -160,6 +162,31 @@ class Rooms(unittest.TestCase):
                             isinstance(t, ast.Attribute) and t.attr == "_phase"
                             for t in node.targets):
                     found.append("%s:%d _phase = %r" % (rel, node.lineno, node.value.value))
+        self.assertEqual(found, [])
+
+    def test_the_shard_setting_has_one_holder(self):
+        """The C context holds the shard layout (issue 44, item 1): no
+        module stores it again (assigns an attribute ``sharded``,
+        ``_sharded``, ``shard_optimizer`` or ``shard_layout``) or reads a
+        stored copy by name (``getattr(obj, "_sharded")``); the readers are
+        properties that ask the context (sfsync.Context.shard_layout)."""
+        names = {"sharded", "_sharded", "shard_optimizer", "shard_layout"}
+        found = []
+        for rel, path in _modules(PACKAGE):
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                targets = (node.targets if isinstance(node, ast.Assign) else
+                           [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                           else [])
+                for t in targets:
+                    for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                        if isinstance(e, ast.Attribute) and e.attr in names:
+                            found.append("%s:%d assigns .%s" % (rel, node.lineno, e.attr))
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                        node.func.id == "getattr" and len(node.args) > 1 and \
+                        isinstance(node.args[1], ast.Constant) and node.args[1].value == "_sharded":
+                    found.append("%s:%d getattr(..., '_sharded')" % (rel, node.lineno))
         self.assertEqual(found, [])
 
     def test_gradient_sync_and_the_optimizer_never_call_each_other(self):

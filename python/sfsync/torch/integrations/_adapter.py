@@ -101,7 +101,7 @@ def consolidate_for_save(sync, to=0):
     optimizer's full form there, so that the file resumes on every rank, at
     any world size (collective: called on every rank)."""
     opt = sync_optimizer(sync)
-    if opt is not None and getattr(opt, "_sharded", False):
+    if opt is not None and sync.shard_optimizer:  # (asked: the context holds it)
         opt.consolidate_state_dict(to)
 
 
@@ -132,6 +132,10 @@ class FrameworkAdapter:
         return sync_open(self.sync)
 
     def _shards_optimizer(self):
+        """The optimizer is sharded: the sync says once it exists (its
+        context holds the setting); before, the options it will be made with."""
+        if self._sync_open():
+            return bool(getattr(self.sync, "shard_optimizer", False))  # (DDPSync: never)
         return bool(self._sync_options.get("shard_optimizer"))
 
     def _owned_options(self):

@@ -7,9 +7,12 @@ backward and the next forward goes.
   behind every other bucket's, and the next forward waited for all of them
   (bench/torch2_bench.py's trace: 170 ms of 1 Gbit/s wire after the window).
 * The sharded default bucket cap is about an eighth of the gradients, within
-  1..25 MiB (``sharded_bucket_cap_mb``): DDP's 25 MiB left the bench's
-  transformer 3 buckets and the wire idle through most of the last backward.
-  An explicit cap, ``SF_BUCKET_CAP_MB`` or a caller's context keep theirs.
+  1..25 MiB: DDP's 25 MiB left the bench's transformer 3 buckets and the
+  wire idle through most of the last backward. Since 0.5 it is the plugin's
+  (issue 44, item 1): a caller's context, and any host's, gets it too; an
+  explicit cap or ``SF_BUCKET_CAP_MB`` keep theirs.
+* The shard setting has one holder, the context: GradientSync, its driver,
+  store and optimizer ask it.
 
 One rank (the order and the plan are the same at any world size); seconds.
 
@@ -30,7 +33,8 @@ import torch  # noqa: E402
 
 from sfsync import shard  # noqa: E402
 from sfsync import torch as sft  # noqa: E402
-from sfsync.torch.gradient_sync import sharded_bucket_cap_mb  # noqa: E402
+import sfsync  # noqa: E402
+from sfsync.torch.store import sf_dtype  # noqa: E402
 
 LOCAL = dict(rank=0, world_size=1, rendezvous="", find_unused_parameters=False)
 MIB = 2 ** 20
@@ -112,8 +116,6 @@ class ShardedSchedule(unittest.TestCase):
 
     def test_default_cap_is_an_eighth_of_the_gradients(self):
         model = layers(32, 512)  # 32 x (1 MiB + 2 KiB): the cap is 4.0 MiB
-        params = list(model.parameters())
-        self.assertAlmostEqual(sharded_bucket_cap_mb(params), 32 * (MIB + 2048) / 8 / MIB)
         sync, _ = self.make(model)
         infos = sync.context.buckets()
         # The first bucket closes at 1 MiB (DDP's first cap), the others hold
@@ -121,13 +123,26 @@ class ShardedSchedule(unittest.TestCase):
         self.assertEqual(len(infos), 9, infos)
         biggest = max(i["bytes"] for i in infos)
         self.assertLessEqual(biggest, 4 * MIB + 4 * 2048, infos)
+        # the plugin's rule, reported as the effective cap once built
+        self.assertEqual(sync.context.options()["bucket_cap_mb"], 32 * (MIB + 2048) / 8 / MIB)
 
-    def test_the_cap_is_clamped_to_1_and_25_mib(self):
-        self.assertEqual(sharded_bucket_cap_mb(list(layers(2, 64).parameters())), 1.0)
-        huge = [torch.empty(0).new_empty((0,))]  # numel() 0: the floor
-        self.assertEqual(sharded_bucket_cap_mb(huge), 1.0)
-        big = [torch.nn.Parameter(torch.empty(300 * MIB // 4))]  # 300 MiB: the ceiling
-        self.assertEqual(sharded_bucket_cap_mb(big), 25.0)
+    def test_the_cap_is_clamped_to_1_mib(self):
+        # (the 25 MiB ceiling: tests/unit/integration/sharded_bucket_cap_tests.cpp)
+        sync, _ = self.make(layers(2, 64))
+        self.assertEqual(sync.context.options()["bucket_cap_mb"], 1.0)
+
+    def test_any_sharded_context_without_a_cap_gets_the_default(self):
+        """A context of the caller's, sharded, no cap chosen: the plugin's
+        default, as for GradientSync's own (and for C, Rust, Julia hosts)."""
+        with mock.patch.dict(os.environ):
+            os.environ.pop("SF_BUCKET_CAP_MB", None)
+            ctx = sfsync.Context(rank=0, world_size=1, rendezvous="")
+        self.addCleanup(ctx.close)
+        shard.set_layout(ctx, "flat")
+        for p in layers(32, 512).parameters():
+            gid = ctx.add_gradient(p.numel(), sf_dtype(p.dtype))
+            shard.register_parameter(ctx, gid, p.numel(), sf_dtype(p.dtype), sfsync.DEVICE_HOST)
+        self.assertEqual(len(ctx.buckets()), 9)
 
     def test_an_explicit_cap_or_the_environment_keeps_its_cap(self):
         model = layers(32, 512)
@@ -170,6 +185,37 @@ class ShardSettingAgainstTheEnvironment(unittest.TestCase):
         self.assertEqual(sync.context.options()["shard_layout"], shard.LAYOUTS["parameter"])
         sync = self.attach({"SF_SHARD": "none"})
         self.assertEqual(sync.context.options()["shard_layout"], shard.LAYOUTS["none"])
+
+
+class ShardSettingHasOneHolder(unittest.TestCase):
+    """The context holds the shard layout; GradientSync (``shard_optimizer``,
+    ``shard_layout``), its driver, store and optimizer and the shard map ask
+    it and keep no copy (issue 44, item 1)."""
+
+    def check(self, model, sync, opt, layout):
+        self.assertEqual(sync.context.shard_layout, layout)
+        self.assertEqual((sync.shard_optimizer, sync.shard_layout), (layout != "none", layout))
+        readers = (sync, sync._driver, sync.store, opt, opt.shard_map)
+        for obj in readers:
+            held = {"sharded", "_sharded", "shard_optimizer", "shard_layout"} & set(vars(obj))
+            self.assertEqual(held, set(), "%s keeps a copy" % type(obj).__name__)
+        for obj in readers[1:]:
+            self.assertEqual(obj.sharded, layout != "none", type(obj).__name__)
+
+    def test_sharded(self):
+        model = layers(2, 8)
+        sync = sft.GradientSync(model, accumulation_steps=2, shard_optimizer=True,
+                                shard_layout="parameter", **LOCAL)
+        self.addCleanup(sync.close)
+        opt = sync.optimizer(torch.optim.SGD, model.parameters(), lr=0.1)
+        self.check(model, sync, opt, "parameter")
+
+    def test_unsharded(self):
+        model = layers(2, 8)
+        sync = sft.GradientSync(model, accumulation_steps=2, **LOCAL)
+        self.addCleanup(sync.close)
+        opt = sync.optimizer(torch.optim.SGD, model.parameters(), lr=0.1)
+        self.check(model, sync, opt, "none")
 
 if __name__ == "__main__":
     unittest.main()
