@@ -56,6 +56,10 @@ class DDPSync(WindowFace):
         self.group = ddp.process_group
         self.world_size = dist.get_world_size(self.group)
         refuse_python_reducer()
+        # Its HostWindow counts the windows (``windows``): DDP reduces them
+        # through its own process group (the comm hook, catch_up.py), and
+        # this context only sees begin/end, never a synchronization, so the
+        # plugin has none to count (sf_stats.windows_completed stays 0).
         self._window = HostWindow("attach", accumulation_steps, guess)
         self._owns_context = context is None
         self.context = None

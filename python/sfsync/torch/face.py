@@ -1,8 +1,9 @@
 """What every host face shares (GradientSync, the DDP attachment, and
 through them the framework integrations): one ``HostWindow`` per face
 (sfsync/host_window.py: which pass stays local), the host's ``no_sync()``,
-the window numbers read through the face, the verify_every cadence, and the
-face's own state dict.
+the window numbers read through the face (GradientSync's asked of the
+plugin, DDPSync's its HostWindow's: see ``windows``), the verify_every
+cadence, and the face's own state dict.
 
 Responsible for: ``WindowFace`` (the base class of GradientSync and
 DDPSync), ``check_counts`` and ``set_window`` (a pass's decision applied to
@@ -68,12 +69,17 @@ class WindowFace:
 
     @property
     def windows(self):
-        """Windows synchronized (= optimizer steps)."""
+        """Windows synchronized (= optimizer steps). GradientSync's: the
+        plugin's count, its one holder (``_plugin_windows``:
+        sf_stats.windows_completed). DDPSync's: its HostWindow's, because DDP
+        reduces its windows through its own process group and the plugin
+        never synchronizes them, so it has none to count."""
+        if self._window.windows is None:
+            return self._plugin_windows()
         return self._window.windows
 
-    @windows.setter
-    def windows(self, value):
-        self._window.windows = value
+    def _plugin_windows(self):
+        raise NotImplementedError  # (a face whose HostWindow counts no window)
 
     @property
     def _passes(self):
@@ -140,11 +146,20 @@ class WindowFace:
                 "checks": self._verifier.checks if self._verifier is not None else 0}
 
 
-    def _restore_plugin_windows(self, who, windows):
+    def _restore_plugin_windows(self, who, windows, strict=False):
         """The plugin's own count (stats' windows_completed, the window
         numbers its out-of-step check compares) goes on from the saved one
-        too (sf_restore_windows), when this context has not started yet."""
+        too (sf_restore_windows), when this context has not started yet.
+        ``strict`` (the plugin is the count's one holder): RuntimeError
+        when it cannot."""
         ctx = getattr(self, "context", None)
+        if strict:
+            try:
+                ctx.restore_windows(windows)
+            except sfsync.InvalidStateError as e:
+                raise RuntimeError("%s: the plugin holds the window count (%s): load the state "
+                                   "before the first backward pass" % (who, e)) from None
+            return
         if ctx is None or not hasattr(ctx, "restore_windows"):
             return
         stats = ctx.stats()
@@ -185,8 +200,11 @@ class WindowFace:
         if state.get("verify_every") != self._verify_every:
             log(sfsync.LOG_INFO, "%s: verify_every was %r, is now %r" % (
                 who, state.get("verify_every"), self._verify_every))
-        self.windows = state["windows"]
-        self._restore_plugin_windows(who, state["windows"])
+        if self._window.windows is None:  # the plugin counts: restored there, or refused
+            self._restore_plugin_windows(who, state["windows"], strict=True)
+        else:
+            self._window.windows = state["windows"]
+            self._restore_plugin_windows(who, state["windows"])
         self._last_verified = state["last_verified"]
         if self._verifier is not None:
             self._verifier.checks = state["checks"]

@@ -27,7 +27,7 @@ from sfsync.torch.face import SET_TO_NONE_DEFAULT, WindowFace, check_counts, set
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.store import GradientStore, broadcast_tensors
 from sfsync.torch.verify import Verifier, named_state
-from sfsync.torch.weighted import Weighing, is_weighted, reduce_option
+from sfsync.torch.weighted import Weighing, is_weighted, reduce_option, zero_weight
 from sfsync.torch.window_driver import WindowDriver
 
 __all__ = ["GradientSync"]
@@ -142,8 +142,10 @@ class GradientSync(WindowFace, Weighing):
                                                     shard_optimizer)
         self._optimizer = None  # sync.optimizer(...): steps per bucket (sfsync/torch/optim.py)
         self._driver = None  # the window's collectives (window_driver.py), made with the store
+        self._closed_windows = 0  # windows once closed (the plugin's count then)
         self._weighted = False  # reduce_op "weighted" (weighted.py), known once the context is
-        self._window = HostWindow("GradientSync", accumulation_steps)
+        # (its windows are the plugin's to count: windows asks it, _plugin_windows)
+        self._window = HostWindow("GradientSync", accumulation_steps, counts_windows=False)
         self.module = module
         self.params, self.names = trainable(module)
         if not self.params:
@@ -376,21 +378,13 @@ class GradientSync(WindowFace, Weighing):
             # final now, or (an optimizer's overlap_step) bucket by bucket in opt.step()
             self._driver.close_window()
         except sfsync.InvalidStateError:
-            if self._weighted and self._zero_weight():
+            if self._weighted and zero_weight(self.context):
                 # The plugin refused the window (global weight 0) and stays
                 # usable: the window is over, without a step.
                 self._driver.fail_window()
                 self._window.fail_window()
             raise
         self._window.close_window()
-
-    def _zero_weight(self):
-        """The window just refused was one of global weight 0 (the plugin
-        then reports that weight for it), not another failure."""
-        try:
-            return self.context.window_totals()[0] == 0
-        except sfsync.SfError:
-            return False
 
     @property
     def sync_optimizer(self):
@@ -461,6 +455,12 @@ class GradientSync(WindowFace, Weighing):
     def _at_window_boundary(self):
         return self._window_start()
 
+    def _plugin_windows(self):
+        """The plugin's count (WindowDriver.windows); once closed, its last."""
+        if self.context is None or self._driver is None:
+            return self._closed_windows
+        return self._driver.windows
+
     def stats(self):
         return self.context.stats()
 
@@ -478,6 +478,7 @@ class GradientSync(WindowFace, Weighing):
             handle.remove()
         self._handles = []
         if self._driver is not None:
+            self._closed_windows = self._driver.windows  # (the context goes below)
             self._driver.close()  # the gathers waited, their hooks removed
         if self.store is not None:
             self.store.release()

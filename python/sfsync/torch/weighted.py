@@ -33,7 +33,7 @@ responsible for: the arithmetic (the plugin's), the window (HostWindow).
 import sfsync
 from sfsync.context import REDUCE_NAMES
 
-__all__ = ["Weighing", "SUM_SLOTS", "reduce_option", "is_weighted", "as_float"]
+__all__ = ["Weighing", "SUM_SLOTS", "reduce_option", "is_weighted", "zero_weight", "as_float"]
 
 #: The window sum slots by name, in the plugin's order (sf_add_window_sums).
 SUM_SLOTS = ("loss", "tokens", "found_inf", "metric")
@@ -60,6 +60,15 @@ def reduce_option(reduce, options, context):
     options = dict(options)
     options["reduce_op"] = wanted
     return options
+
+
+def zero_weight(context):
+    """The window the plugin just refused was one of global weight 0 (the
+    plugin then reports that weight for it), not another failure."""
+    try:
+        return context.window_totals()[0] == 0
+    except sfsync.SfError:
+        return False
 
 
 def _value(reduce, who):

@@ -15,7 +15,8 @@ whether the gradients are whole) and the facts of the attachment that both
 callers read (context, store, module, parameters, rank); the shard layout
 it asks the context (``sharded``, ``shard_layout``), which holds it.
 
-Not responsible for: counting passes and windows (sfsync/host_window.py),
+Not responsible for: counting passes (sfsync/host_window.py) and windows
+(the plugin: ``windows`` asks it),
 the hooks that see the backward (gradient_sync.py), stepping (optim.py),
 memory and streams (store.py).
 """
@@ -79,7 +80,11 @@ class WindowDriver:
 
     @property
     def windows(self):
-        return self.window.windows
+        """Windows synchronized: the plugin's count (sf_stats.windows_completed,
+        its one holder), the window whose reductions started
+        (sf_synchronize_start, ``REDUCING``) included: the plugin counts it
+        at its sf_synchronize (``finish``)."""
+        return self.context.stats()["windows_completed"] + (self.phase == Phase.REDUCING)
 
     @property
     def shard_layout(self):

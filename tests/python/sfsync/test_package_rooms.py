@@ -142,9 +142,11 @@ class Rooms(unittest.TestCase):
                          % (MAX_LINES, ", ".join(long)))
 
     def test_only_host_window_counts_the_window(self):
-        """One window object (sfsync/host_window.py) counts passes and
-        windows for every host face: no other module increments a pass or
-        window counter, or keeps a string phase."""
+        """One window object (sfsync/host_window.py) counts passes for every
+        host face, and windows for the faces whose windows the plugin does not
+        synchronize (DDPSync; GradientSync's are the plugin's to count): no
+        other module increments a pass or window counter, or keeps a string
+        phase."""
         counters = {"passes", "windows", "_passes", "_windows", "_next_accumulation",
                     "_phase"}
         found = []

@@ -1,0 +1,103 @@
+"""The window count has one holder, the plugin (issue 44, item 1):
+GradientSync's ``windows`` is the plugin's ``sf_stats.windows_completed``
+(a window whose reductions started, sf_synchronize_start, counts from then:
+the plugin counts it at its sf_synchronize), ``load_state_dict`` restores it
+there (sf_restore_windows) or refuses, and GradientSync's HostWindow keeps
+no count of its own. DDPSync keeps one: DDP reduces its windows through its
+own process group, which the plugin never sees (ddp.py).
+
+One rank; seconds.
+
+    PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/sfsync/torch/test_window_count.py
+"""
+
+import os
+import sys
+import unittest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "..", ".."))
+if not any(os.path.exists(os.path.join(p, "sfsync", "__init__.py")) for p in sys.path if p):
+    sys.path.insert(0, os.path.join(ROOT, "python"))  # the package from the source tree
+
+import torch  # noqa: E402
+
+import sfsync  # noqa: E402
+from sfsync import torch as sft  # noqa: E402
+
+LOCAL = dict(rank=0, world_size=1, rendezvous="")
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+
+
+def window(model, steps=2):
+    for i in range(steps):
+        g = torch.Generator().manual_seed(i)
+        model(torch.randn(5, 6, generator=g)).pow(2).sum().backward()
+
+
+class GradientSyncAsksThePlugin(unittest.TestCase):
+    def attach(self, model=None, context=None, **kw):
+        model = model or mlp()
+        sync = sft.GradientSync(model, context, accumulation_steps=2,
+                                **dict(kw, **({} if context is not None else LOCAL)))
+        self.addCleanup(sync.close)
+        return model, sync
+
+    def counts(self, sync):
+        return sync.windows, sync.stats()["windows_completed"]
+
+    def test_windows_is_the_plugins_count(self):
+        ctx = sfsync.Context(**LOCAL)
+        self.addCleanup(ctx.close)
+        ctx.restore_windows(40)  # the context holds the count: 40 windows before
+        model, sync = self.attach(context=ctx)
+        self.assertEqual(self.counts(sync), (40, 40))
+        window(model)
+        self.assertEqual(self.counts(sync), (41, 41))
+        self.assertIsNone(sync._window.windows)  # the face's HostWindow counts none
+
+    def test_a_window_of_weight_zero_counts_once(self):
+        model, sync = self.attach(reduce="weighted")
+        with self.assertRaises(sfsync.InvalidStateError):
+            window(model)  # no sync.weigh(): the global weight is 0
+        self.assertFalse(sync.is_step())
+        self.assertEqual(self.counts(sync), (1, 1))
+
+    def test_a_started_window_counts_before_its_waits(self):
+        model, sync = self.attach(bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4)
+        opt = sync.optimizer(torch.optim.SGD, model.parameters(), lr=0.1, overlap_step=True)
+        self.assertTrue(opt.overlap_step)
+        window(model)
+        # sf_synchronize_start ran, sf_synchronize (the plugin's count) runs in opt.step()
+        self.assertEqual(self.counts(sync), (1, 0))
+        opt.step()
+        self.assertEqual(self.counts(sync), (1, 1))
+
+    def test_load_state_dict_restores_the_plugins_count(self):
+        model, sync = self.attach()
+        for _ in range(3):
+            window(model)
+        state = sync.state_dict()
+        self.assertEqual(state["windows"], 3)
+        sync.close()
+        model, resumed = self.attach(model)
+        resumed.load_state_dict(state)
+        self.assertEqual(self.counts(resumed), (3, 3))
+        window(model)
+        self.assertEqual(self.counts(resumed), (4, 4))
+
+    def test_load_state_dict_after_a_window_is_refused(self):
+        model, sync = self.attach()
+        window(model)
+        state = dict(sync.state_dict(), windows=7, last_verified=0)
+        with self.assertRaisesRegex(RuntimeError, "sf_restore_windows"):
+            sync.load_state_dict(state)  # the plugin counted one window already
+        self.assertEqual(self.counts(sync), (1, 1))
+
+
+if __name__ == "__main__":
+    unittest.main()
