@@ -28,6 +28,7 @@ import sfsync
 from sfsync import shard
 from sfsync.torch.rendezvous import log
 from sfsync.torch.store import broadcast_tensors
+from sfsync.torch.weighted import zero_weight
 
 __all__ = ["WindowDriver", "Phase"]
 
@@ -180,8 +181,15 @@ class WindowDriver:
         """Wait for every bucket; the window check and count (sf_synchronize);
         the used mask (sharded: one sf_allreduce_float64); ``whole``
         (sharded): gather the reduced gradient shards too, so that every
-        rank's .grad holds the whole reduced gradient; then the publish."""
-        self.context.synchronize()
+        rank's .grad holds the whole reduced gradient; then the publish. A
+        window the plugin refused for its global weight 0 is over (counted,
+        no step): ``fail_window``, so that no later call synchronizes it again."""
+        try:
+            self.context.synchronize()
+        except sfsync.InvalidStateError:
+            if zero_weight(self.context):
+                self.fail_window()
+            raise
         self.store.after_plugin()  # the optimizer's stream after the reductions
         self.waited = set(range(self.buckets))
         if self.sharded and self.store.mask is not None:

@@ -67,6 +67,25 @@ class GradientSyncAsksThePlugin(unittest.TestCase):
         self.assertFalse(sync.is_step())
         self.assertEqual(self.counts(sync), (1, 1))
 
+    def test_a_window_of_weight_zero_stepped_per_bucket_counts_once(self):
+        """With overlap_step the plugin refuses the window in opt.step()
+        (sf_synchronize there): counted once, and not synchronized again at
+        the next window's start."""
+        model, sync = self.attach(reduce="weighted", bucket_cap_mb=1e-4,
+                                  first_bucket_cap_mb=1e-4)
+        opt = sync.optimizer(torch.optim.SGD, model.parameters(), lr=0.1, overlap_step=True)
+        window(model)  # no sync.weigh()
+        self.assertEqual(self.counts(sync), (1, 0))
+        with self.assertRaises(sfsync.InvalidStateError):
+            opt.step()
+        self.assertEqual(self.counts(sync), (1, 1))
+        for i in range(2):
+            sync.weigh(5)
+            model(torch.randn(5, 6)).pow(2).sum().backward()
+        self.assertEqual(self.counts(sync), (2, 1))
+        opt.step()
+        self.assertEqual(self.counts(sync), (2, 2))
+
     def test_a_started_window_counts_before_its_waits(self):
         model, sync = self.attach(bucket_cap_mb=1e-4, first_bucket_cap_mb=1e-4)
         opt = sync.optimizer(torch.optim.SGD, model.parameters(), lr=0.1, overlap_step=True)
