@@ -185,21 +185,28 @@ class Context:
         is the cap the buckets were built with once they are (since 0.5 a
         sharded context with no cap chosen builds with the sharded default,
         sf_set_shard_layout), the cap as set before."""
+        return self._options().to_dict()
+
+    def _options(self):
+        """sf_get_options as the struct."""
         out = Options()
         out.struct_size = ctypes.sizeof(out)
         lib().sf_get_options(self.handle, ctypes.byref(out))
-        return out.to_dict()
+        return out
 
     @property
     def shard_layout(self):
         """The name of the context's own shard layout, "none", "flat" or
         "parameter" (sf_options.shard_layout, SF_SHARD, sf_set_shard_layout).
         The context is the setting's one holder, and every sharded-or-not
-        question of the package asks it here."""
-        out = Options()
-        out.struct_size = ctypes.sizeof(out)
-        lib().sf_get_options(self.handle, ctypes.byref(out))
-        return SHARD_NAMES.get(out.shard_layout, out.shard_layout)
+        question of the package asks it here (or ``sharded``)."""
+        layout = self._options().shard_layout
+        return SHARD_NAMES.get(layout, layout)
+
+    @property
+    def sharded(self):
+        """The shard layout is "flat" or "parameter" (not "none")."""
+        return self._options().shard_layout != SHARD_NONE
 
     def set_bucket_cap_mb(self, mb):
         lib().sf_set_bucket_cap_mb(self.handle, mb)

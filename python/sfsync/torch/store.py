@@ -138,7 +138,7 @@ class GradientStore:
     @property
     def sharded(self):
         """The context is sharded (asked: the context holds its shard layout)."""
-        return self.context.shard_layout != "none"
+        return self.context.sharded
 
     def register(self):
         """Register every gradient (and, sharded, parameter), build the

@@ -95,7 +95,7 @@ class WindowDriver:
 
     @property
     def sharded(self):
-        return self.shard_layout != "none"
+        return self.context.sharded
 
     def at_boundary(self):
         """Between windows: no pass of the next one has run."""

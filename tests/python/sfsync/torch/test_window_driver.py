@@ -64,6 +64,7 @@ class Window:
 def driver(buckets=3, sharded=False, mask=None, module=None):
     r = Recorder(buckets, mask)
     r.shard_layout = "flat" if sharded else "none"  # the context's: the driver asks it
+    r.sharded = sharded
     d = WindowDriver(r, r, Window(), module=module or torch.nn.Linear(2, 2), params=[],
                      names=[], rank=0, world_size=1, broadcast_buffers=True,
                      accumulate_dtype=None, collectives=r)
