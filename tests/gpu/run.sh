@@ -142,6 +142,7 @@ echo "== $gpus GPU(s); NCCL $nccl_lib; CUDA runtime $cudart_lib; logs in $out"
 # whose logs match $refused (a configuration NCCL refuses); else FAIL.
 # Rank r's environment also gets $SF_RANK_ENV_r (space-separated V=X).
 refused=''
+result_re='^(\[rank [0-9]+\] )?RESULT '
 step() {
   local name=$1 want=$2 world=$3
   shift 3
@@ -170,13 +171,14 @@ step() {
     codes+=($?)
   done
   local took=$(($(date +%s) - t0)) detail
-  detail=$(grep -h '^RESULT' "$out/$name".*.log | sed 's/^RESULT //' | head -12 | paste -sd ';' -)
+  # A RESULT line may carry a "[rank N] " prefix (the torch scripts' own).
+  detail=$(grep -hE "$result_re" "$out/$name".*.log | sed -E "s/$result_re//" | head -12 | paste -sd ';' -)
   for c in "${codes[@]}"; do [ "$c" -ne 0 ] && rc=$c && [ "$c" -ne 77 ] && break; done
   local silent=""
   for ((r = 0; r < world; ++r)); do
-    grep -q '^RESULT' "$out/$name.$r.log" || silent+=" $r"
+    grep -qE "$result_re" "$out/$name.$r.log" || silent+=" $r"
   done
-  if [ "$rc" -eq 0 ] && { [ -n "$silent" ] || grep -qh '^RESULT.* FAIL' "$out/$name".*.log; }; then
+  if [ "$rc" -eq 0 ] && { [ -n "$silent" ] || grep -qhE "$result_re.* FAIL" "$out/$name".*.log; }; then
     # Exit 0 alone is not a pass: every rank prints its RESULT line, none FAIL.
     record FAIL "$name" "$took" "exit 0, but rank(s)${silent:- none} printed no RESULT line or a RESULT says FAIL; $detail"
     return 1
@@ -219,12 +221,17 @@ step shim_nccl_host 45 1 SF_HOST="$bin/sfsync_shim_nccl_host" SF_SHIM="$shim" --
   }
   host none "" && host calls "$SF_SHIM" && host auto "$SF_SHIM" SF_ACCUMULATION_STEPS=4'
 if [ -x "$python" ]; then
-  # DDP all-reduces every pass (24); the shim sends 1 in 4 after learning the
-  # pass (its report says how many bytes it deferred and sent).
-  step ddp_shim 90 1 PY="$python" SCRIPT="$here/ddp_nccl.py" SHIM="$shim" REPORT="$out/ddp-report.json" -- bash -c '
+  # DDP all-reduces every pass (24). A Python host: the shim hands the
+  # windows to sfsync's in-process layer and passes DDP's calls through, 6
+  # of them (one per window). SF_FOLLOW_HOST=0: the shim's own windows,
+  # deferring 3 passes in 4. Both: one pass's bytes per window, the weights
+  # of the reference.
+  step ddp_shim 90 1 PY="$python" SCRIPT="$here/ddp_nccl.py" SHIM="$shim" REPORT="$out/ddp-report" -- bash -c '
     set -e
-    LD_PRELOAD="$SHIM" SF_ACCUMULATION_STEPS=4 SF_SHIM_REPORT="$REPORT" "$PY" "$SCRIPT" --steps 4 --windows 6
-    "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); print(\"RESULT shim calls_nccl=%d deferred=%d bytes_deferred=%d gradient_bytes_sent=%d %s\" % (r[\"calls_nccl\"], r[\"deferred\"], r[\"bytes_deferred\"], r[\"gradient_bytes_sent\"], \"OK\" if r[\"bytes_deferred\"] > 0 else \"FAIL\")); sys.exit(0 if r[\"bytes_deferred\"] > 0 else 1)" "$REPORT"'
+    LD_PRELOAD="$SHIM" SF_ACCUMULATION_STEPS=4 SF_SHIM_REPORT="$REPORT-follow.json" "$PY" "$SCRIPT" --steps 4 --windows 6
+    "$PY" "$SCRIPT" --judge follow --report "$REPORT-follow.json" --steps 4 --windows 6
+    LD_PRELOAD="$SHIM" SF_FOLLOW_HOST=0 SF_ACCUMULATION_STEPS=4 SF_SHIM_REPORT="$REPORT-own.json" "$PY" "$SCRIPT" --steps 4 --windows 6
+    "$PY" "$SCRIPT" --judge own --report "$REPORT-own.json" --steps 4 --windows 6'
 else
   record SKIP ddp_shim 0 "no PyTorch at $python"
 fi
