@@ -21,7 +21,8 @@
  *    scheduler's choice: a call that is wrong in the order it got is refused
  *    with SF_ERR_INVALID_STATE as from one thread; two sf_synchronize calls
  *    at once synchronize once, see sf_synchronize). sf_get_stats,
- *    sf_in_accumulation and sf_bucket_info may run beside any of them.
+ *    sf_in_accumulation and sf_bucket_info (since 0.5 also sf_bucket_state
+ *    and sf_window_state) may run beside any of them.
  *    Before 0.5 the window calls had to come from one thread at a time.
  *    Registration must not race with the window calls, and sf_destroy with
  *    no call on the same context at all (see sf_destroy).
@@ -506,6 +507,58 @@ SF_API sf_status sf_get_stats(const sf_context* ctx, sf_stats* out);
  */
 SF_API sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
                                 int64_t* gradient_count, sf_dtype* dtype);
+
+/* ---- Bucket and window states (Since 0.5) ------------------------------- */
+
+/* Where a bucket is in its window's cycle (sf_bucket_state). Since 0.5. */
+#define SF_BUCKET_IDLE 0       /* nothing of the current window in it, nothing in flight */
+#define SF_BUCKET_FILLING 1    /* some of its gradients reported ready (sf_grad_ready), not started */
+#define SF_BUCKET_REDUCING 2   /* its reduction started (complete, sf_synchronize_start or
+                                  sf_synchronize), not waited for */
+#define SF_BUCKET_REDUCED 3    /* the current window's reduction waited for and in place
+                                  (sf_wait_bucket, sf_synchronize) */
+#define SF_BUCKET_GATHERING 4  /* sharded: its parameter gather started (sf_start_gather),
+                                  not waited for (sf_wait_gather) */
+#define SF_BUCKET_GATHERING_GRADIENTS 5 /* sharded: sf_gather_gradients' all-gather in
+                                  flight (that call waits for it: seen only beside it,
+                                  or after it failed) */
+#define SF_BUCKET_GATHERED 6   /* sharded: its parameter gather waited for (the parameters
+                                  whole on this rank) and the next window's reduction of
+                                  the bucket not started */
+
+/**
+ * The state of bucket `index` (0 = the first synchronized) now, one of
+ * SF_BUCKET_*, into *state. A bucket's reduction stays REDUCED until the
+ * next window's first sf_begin_accumulation or sf_grad_ready (then IDLE);
+ * a parameter gather (GATHERING, then GATHERED) outlives its window until
+ * the bucket's next reduction starts. What a host that steps bucket by
+ * bucket asks instead of keeping its own record (the Python binding's
+ * WindowDriver does). SF_ERR_INVALID_ARGUMENT for a NULL ctx or state or
+ * an index that is no bucket (naming it and the range),
+ * SF_ERR_INVALID_STATE before the buckets are built; *state untouched then.
+ * Threads: as sf_bucket_info, it may run beside any call (a window call of
+ * another thread in progress is waited for, as sf_get_stats waits). Since 0.5.
+ */
+SF_API sf_status sf_bucket_state(const sf_context* ctx, int64_t index, int32_t* state);
+
+/* Flags of sf_window_state. Since 0.5. */
+#define SF_WINDOW_SYNCHRONIZING 1    /* reductions of the window started (sf_grad_ready
+                                        completed a bucket, or sf_synchronize_start) and no
+                                        sf_synchronize completed the window yet */
+#define SF_WINDOW_GRADIENTS_WHOLE 2  /* every bucket's reduction of the current window is
+                                        in place and whole on this rank: unsharded once
+                                        reduced; sharded once sf_gather_gradients gathered
+                                        it (also at world size 1, where that moves nothing) */
+
+/**
+ * The current window's state as SF_WINDOW_* flags (0: none), into *flags.
+ * The window is the one of the last sf_begin_accumulation, sf_grad_ready or
+ * synchronization: after sf_synchronize it stays the synchronized one until
+ * the next of those. Before the buckets are built: 0 (nothing reduced).
+ * SF_ERR_INVALID_ARGUMENT for a NULL ctx or flags (*flags untouched).
+ * Threads: as sf_bucket_state. Since 0.5.
+ */
+SF_API sf_status sf_window_state(const sf_context* ctx, int32_t* flags);
 
 /* ---- Restarts (Since 0.4) ----------------------------------------------- */
 

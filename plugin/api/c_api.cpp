@@ -253,6 +253,22 @@ sf_status sf_bucket_info(const sf_context* ctx, int64_t index, int64_t* bytes,
                [&] { checked(ctx).bucketInfo(index, bytes, gradient_count, dtype); });
 }
 
+sf_status sf_bucket_state(const sf_context* ctx, int64_t index, int32_t* state) {
+  return guard("sf_bucket_state", [&] {
+    const sfsync::Context& c = checked(ctx);
+    int32_t& result = checked(state, "state");  // before any side effect
+    result = c.bucketState(index);
+  });
+}
+
+sf_status sf_window_state(const sf_context* ctx, int32_t* flags) {
+  return guard("sf_window_state", [&] {
+    const sfsync::Context& c = checked(ctx);
+    int32_t& result = checked(flags, "flags");
+    result = c.windowState();
+  });
+}
+
 }  // extern "C"
 
 // ---- CUDA / NCCL --------------------------------------------------------------

@@ -489,19 +489,29 @@ sf_stats Context::stats() const {
   return s;
 }
 
-void Context::bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype* dtype) const {
-  if (!reducer_.built()) {
+// The buckets are built and `index` is one of them (sf_bucket_info, sf_bucket_state).
+static void checkBucket(const Reducer& reducer, int64_t index) {
+  if (!reducer.built()) {
     fail(SF_ERR_INVALID_STATE, "the buckets are not built yet (sf_build_buckets)");
   }
-  const auto& plan = reducer_.plan();
-  if (index < 0 || index >= int64_t(plan.size())) {
+  const int64_t n = int64_t(reducer.plan().size());
+  if (index < 0 || index >= n) {
     fail(SF_ERR_INVALID_ARGUMENT, "index = " + std::to_string(index) + " is not a bucket (0.." +
-                                      std::to_string(int64_t(plan.size()) - 1) + ")");
+                                      std::to_string(n - 1) + ")");
   }
-  const PlannedBucket& b = plan[size_t(index)];
+}
+
+void Context::bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype* dtype) const {
+  checkBucket(reducer_, index);
+  const PlannedBucket& b = reducer_.plan()[size_t(index)];
   if (bytes) *bytes = b.bytes;
   if (grads) *grads = int64_t(b.grads.size());
   if (dtype) *dtype = b.dtype;
+}
+
+int32_t Context::bucketState(int64_t index) const {
+  checkBucket(reducer_, index);
+  return reducer_.bucketState(index);
 }
 
 // ---- Sharded windows, per-bucket completion, gathers ------------------------

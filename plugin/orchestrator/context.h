@@ -84,6 +84,10 @@ class Context {
   void shardRange(int64_t id, int64_t* offset, int64_t* count);
   int64_t gradientBucket(int64_t id);
   void bucketInfo(int64_t index, int64_t* bytes, int64_t* grads, sf_dtype* dtype) const;
+  // sf_bucket_state / sf_window_state (Since 0.5): the reducer's cycles,
+  // asked (the window is the clock's current pass).
+  int32_t bucketState(int64_t index) const;
+  int32_t windowState() const { return reducer_.windowState(clock_.pass().number); }
 
   // ---- Windows (the clock's state; what they allow to be communicated) ------
   void beginAccumulation();

@@ -60,6 +60,36 @@ bool Reducer::inFlight() const {
   return nextToStart_ > 0;
 }
 
+int32_t Reducer::bucketState(int64_t bucket) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const BucketCycle& c = cycles_[size_t(bucket)];
+  switch (c.state()) {
+    case BucketState::kIdle: return SF_BUCKET_IDLE;
+    case BucketState::kFilling: return SF_BUCKET_FILLING;
+    case BucketState::kReducing: return SF_BUCKET_REDUCING;
+    case BucketState::kReduced: return SF_BUCKET_REDUCED;
+    // One state inside (the gather's end changes nothing the cycle checks),
+    // two for the host: whether it still has to wait.
+    case BucketState::kGathering: return c.inFlight() ? SF_BUCKET_GATHERING : SF_BUCKET_GATHERED;
+    case BucketState::kGatheringGradients: return SF_BUCKET_GATHERING_GRADIENTS;
+  }
+  fail(SF_ERR_INTERNAL, "bucket " + std::to_string(bucket) + " is in no known state");
+}
+
+int32_t Reducer::windowState(int64_t pass) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!built()) return 0;
+  int32_t flags = nextToStart_ > 0 ? SF_WINDOW_SYNCHRONIZING : 0;
+  bool whole = !cycles_.empty();
+  for (const auto& c : cycles_) {
+    // Unsharded every rank received every reduced gradient; sharded only
+    // sf_gather_gradients makes them whole (bucket_state.h).
+    if (!(sharded() ? c.gradientsWholeIn(pass) : c.reducedIn(pass))) whole = false;
+  }
+  if (whole) flags |= SF_WINDOW_GRADIENTS_WHOLE;
+  return flags;
+}
+
 bool Reducer::markReady(int64_t id, const PassRef& pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   throwIfFailed();

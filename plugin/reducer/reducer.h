@@ -157,6 +157,17 @@ class Reducer {
   bool synchronize(const PassRef& pass);
   bool inFlight() const;
 
+  // ---- States, as the host asks for them (Since 0.5) -------------------------
+  // Each reads the cycles under the lock (a window call in progress is
+  // waited for) and changes nothing: the cycles stay the one record.
+  // sf_bucket_state: bucket `bucket`'s state as the ABI names it (SF_BUCKET_*;
+  // a gathering bucket whose gather was waited for is SF_BUCKET_GATHERED).
+  // After built(); the caller checked the index.
+  int32_t bucketState(int64_t bucket) const;
+  // sf_window_state: SF_WINDOW_* flags of pass `pass` (the clock's current
+  // one); 0 before the build.
+  int32_t windowState(int64_t pass) const;
+
   // ---- Weighted windows (window_totals.h) -----------------------------------
   // sf_add_window_weight / sf_add_window_sums (arguments checked by the
   // caller): SF_ERR_INVALID_STATE unless reduce_op is SF_REDUCE_WEIGHTED,
