@@ -5,7 +5,8 @@
 // processes. Signatures come from the real nccl.h.
 //
 // Semantics kept from NCCL: stream order (a collective runs when its stream
-// reaches it), in-place or out-of-place buffers, sum/prod/max/min/avg and
+// reaches it), in-place or out-of-place buffers, ncclReduce writing the
+// root's recvbuff only, sum/prod/max/min/avg and
 // ncclRedOpCreatePreMulSum (each rank multiplies its own input by its own
 // scalar), non-blocking initialization (config.blocking = 0: init returns
 // ncclInProgress, ncclCommGetAsyncError says when it is done), abort as
@@ -122,7 +123,8 @@ size_t headerBytes(int nranks) {
 }
 size_t segmentBytes(int nranks) { return headerBytes(nranks) + size_t(nranks) * kChunk; }
 
-std::atomic<int64_t> gAllReduceCalls{0}, gAllReduceBytes{0}, gBroadcastCalls{0};
+std::atomic<int64_t> gAllReduceCalls{0}, gAllReduceBytes{0}, gBroadcastCalls{0}, gBroadcastElems{0};
+std::atomic<int64_t> gReduceCalls{0}, gReduceElems{0};
 std::atomic<int64_t> gAborts{0}, gDestroys{0}, gFinalizes{0}, gMismatches{0};
 std::atomic<bool> gInProgressMode{std::getenv("SF_STANDIN_NCCL_IN_PROGRESS") != nullptr &&
                                   std::string(std::getenv("SF_STANDIN_NCCL_IN_PROGRESS")) == "1"};
@@ -359,6 +361,14 @@ T combine64(T a, T b, ncclRedOp_t op) {
   }
 }
 
+// What a collective is, for the pairing check and its run: the three the
+// stand-in runs itself (ncclReduceScatter and ncclAllGather are all-reduces
+// of a scratch buffer, below).
+enum Kind : int32_t { kAllReduce = 0, kBroadcast = 1, kReduce = 2 };
+const char* kindName(int32_t k) {
+  return k == kBroadcast ? "ncclBroadcast" : k == kReduce ? "ncclReduce" : "ncclAllReduce";
+}
+
 struct Collective {
   std::shared_ptr<CommState> comm;
   const char* send;
@@ -367,10 +377,11 @@ struct Collective {
   ncclDataType_t type;
   ncclRedOp_t op;      // ncclSum for a pre-multiplied sum
   double prescale;     // this rank's own factor (1 unless pre-multiplied)
-  int root;            // broadcast root, -1 for an all-reduce
+  int root;            // broadcast or reduce root, -1 for an all-reduce
   uint64_t seq = 0;    // this rank's issue number (1, 2, ...), set by enqueue
   int32_t opClass = 0; // the op as paired ranks must agree on it (ncclNumOps: pre-multiplied sum)
   const char* kind = "ncclAllReduce";
+  int32_t code = kAllReduce;
 };
 
 const char* typeName(int t) {
@@ -382,10 +393,12 @@ const char* typeName(int t) {
   }
 }
 
-std::string describe(const std::string& kind, uint64_t seq, uint64_t count, int type, int op, int root) {
+std::string describe(const std::string& kind, int32_t code, uint64_t seq, uint64_t count, int type,
+                     int op, int root) {
   static const char* ops[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
   std::string s = kind + " #" + std::to_string(seq) + " (" + std::to_string(count) + " x " + typeName(type);
-  s += root >= 0 ? ", root " + std::to_string(root) : std::string(", ") + ops[std::min(op, 5)];
+  if (code != kBroadcast) s += std::string(", ") + ops[std::min(op, 5)];
+  if (root >= 0) s += ", root " + std::to_string(root);
   return s + ")";
 }
 
@@ -396,12 +409,12 @@ std::string describe(const std::string& kind, uint64_t seq, uint64_t count, int 
 bool pairs(Collective& c) {
   CommState& s = *c.comm;
   Desc& mine = s.descs[s.rank];
-  const int32_t kind = c.root < 0 ? 0 : 1;
+  const int32_t kind = c.code;
   mine.seq = c.seq;
   mine.count = c.count;
   mine.kind = kind;
   mine.type = int32_t(c.type);
-  mine.op = c.root < 0 ? c.opClass : 0;
+  mine.op = kind != kBroadcast ? c.opClass : 0;
   mine.root = c.root;
   if (!s.barrier(c.seq)) return false;
   std::string why;
@@ -410,9 +423,9 @@ bool pairs(Collective& c) {
     if (d.seq != mine.seq || d.kind != kind || d.count != mine.count || d.type != mine.type ||
         d.op != mine.op || d.root != mine.root) {
       why = "NCCL stand-in: rank " + std::to_string(s.rank) + "'s " +
-            describe(c.kind, c.seq, c.count, c.type, mine.op, c.root) + " was paired with rank " +
+            describe(c.kind, kind, c.seq, c.count, c.type, mine.op, c.root) + " was paired with rank " +
             std::to_string(r) + "'s " +
-            describe(d.kind ? "ncclBroadcast" : "ncclAllReduce", d.seq, d.count, d.type, d.op, d.root) +
+            describe(kindName(d.kind), d.kind, d.seq, d.count, d.type, d.op, d.root) +
             " (real NCCL: undefined, corrupt results or a hang)";
     }
   }
@@ -423,10 +436,13 @@ bool pairs(Collective& c) {
   return false;
 }
 
+// An all-reduce, or a reduce (the same sum; only the root writes its
+// output: NCCL uses recvbuff on the root only).
 void runAllReduce(Collective& c) {
   CommState& s = *c.comm;
   const size_t es = typeSize(c.type), perRound = kChunk / es;
   const bool wide = c.type == ncclInt64 || c.type == ncclUint64;
+  const bool writes = c.code != kReduce || s.rank == c.root;
   for (size_t first = 0; first < c.count; first += perRound) {
     const size_t n = std::min(perRound, c.count - first);
     char* mine = s.slot(s.rank);
@@ -438,7 +454,7 @@ void runAllReduce(Collective& c) {
     }
     if (!s.barrier()) return;
     char* out = c.recv + first * es;
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; writes && i < n; ++i) {
       if (wide) {
         int64_t acc;
         std::memcpy(&acc, s.slot(0) + i * 8, 8);
@@ -490,19 +506,21 @@ void CUDART_CB runCollective(void* arg) {
   CommState& s = *c->comm;
   s.running.fetch_add(1);  // before the check: an abort that misses us waits for us
   if (s.stillGoing() && pairs(*c)) {
-    if (c->root < 0) {
-      runAllReduce(*c);
-    } else {
+    if (c->code == kBroadcast) {
       runBroadcast(*c);
+    } else {
+      runAllReduce(*c);
     }
   }
   s.queued.fetch_sub(1);
   s.running.fetch_sub(1);
 }
 
+// `code`: kAllReduce (root -1), kBroadcast or kReduce (root checked by the
+// caller); `op` applies to the reductions.
 ncclResult_t enqueue(const char* function, ncclComm_t comm, const void* send, void* recv,
                      size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, int32_t code = kAllReduce) {
   ncclResult_t r;
   if (injected(function, &r)) return r;
   CommState* s = stateOf(comm);
@@ -512,10 +530,16 @@ ncclResult_t enqueue(const char* function, ncclComm_t comm, const void* send, vo
   }
   if (s->aborted.load()) return error(ncclInvalidUsage, std::string(function) + ": communicator was aborted");
   if (typeSize(type) == 0) return error(ncclInvalidArgument, std::string(function) + ": unsupported datatype");
-  if (count && (!send || !recv)) return error(ncclInvalidArgument, std::string(function) + ": NULL buffer");
+  // A reduce's recvbuff is used on the root only (nccl.h).
+  const bool needsRecv = code != kReduce || s->rank == root;
+  if (count && (!send || (needsRecv && !recv))) {
+    return error(ncclInvalidArgument, std::string(function) + ": NULL buffer");
+  }
   auto* c = new Collective{comm->state, static_cast<const char*>(send), static_cast<char*>(recv),
                            count, type, op, 1.0, root};
-  if (root < 0 && op >= ncclNumOps) {
+  c->code = code;
+  const bool reduces = code != kBroadcast;
+  if (reduces && op >= ncclNumOps) {
     auto it = s->preMulOps.find(int(op));
     if (it == s->preMulOps.end() || it->second.first != type) {
       delete c;
@@ -524,11 +548,11 @@ ncclResult_t enqueue(const char* function, ncclComm_t comm, const void* send, vo
     c->op = ncclSum;
     c->prescale = it->second.second;
     c->opClass = ncclNumOps;
-  } else if (root < 0 && (op < ncclSum || op > ncclAvg)) {
+  } else if (reduces && (op < ncclSum || op > ncclAvg)) {
     delete c;
     return error(ncclInvalidArgument, std::string(function) + ": invalid reduction operator");
   }
-  if (root < 0 && op < ncclNumOps) c->opClass = int32_t(op);
+  if (reduces && op < ncclNumOps) c->opClass = int32_t(op);
   c->kind = function;
   c->seq = s->issued.load() + 1;
   s->queued.fetch_add(1);
@@ -809,8 +833,27 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
                            int root, ncclComm_t comm, cudaStream_t stream) {
   CommState* s = stateOf(comm);
   if (s && (root < 0 || root >= s->nranks)) return error(ncclInvalidArgument, "ncclBroadcast: invalid root");
-  ncclResult_t r = enqueue("ncclBroadcast", comm, send, recv, count, type, ncclSum, root, stream);
-  if (r == ncclSuccess) ++gBroadcastCalls;
+  ncclResult_t r = enqueue("ncclBroadcast", comm, send, recv, count, type, ncclSum, root, stream, kBroadcast);
+  if (r == ncclSuccess) {
+    ++gBroadcastCalls;
+    gBroadcastElems += int64_t(count);
+  }
+  return r;
+}
+
+// The sum (or op) of every rank's `count` elements at sendbuff into the
+// root's recvbuff (in place: the same pointer); the other ranks' recvbuff is
+// not used (may be NULL) and not written. Root, count, dtype and op are
+// paired across ranks as an all-reduce's.
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+  CommState* s = stateOf(comm);
+  if (s && (root < 0 || root >= s->nranks)) return error(ncclInvalidArgument, "ncclReduce: invalid root");
+  ncclResult_t r = enqueue("ncclReduce", comm, send, recv, count, type, op, root, stream, kReduce);
+  if (r == ncclSuccess) {
+    ++gReduceCalls;
+    gReduceElems += int64_t(count);
+  }
   return r;
 }
 
@@ -819,8 +862,12 @@ ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t type, int root, 
   return ncclBroadcast(buff, buff, count, type, root, comm, stream);
 }
 
-// Collectives are enqueued as they are called, in the same order on every
-// rank, so a group needs no extra work here.
+// Collectives are enqueued as they are called, so a group needs no extra
+// work here: every rank must issue a group's calls in the same order (as
+// NCCL asks), and then they run one after another on each rank's stream,
+// each meeting the same call of the peers (a group of ncclReduce with roots
+// 0..n-1 cannot deadlock, ranks as threads or processes); a rank issuing
+// them in another order fails the pairing check.
 // In the in-progress mode, a group with a call on a non-blocking
 // communicator ends with ncclInProgress (as NCCL's ncclGroupEnd may).
 ncclResult_t ncclGroupStart() {
@@ -843,12 +890,16 @@ ncclResult_t ncclGroupEnd() {
 // ---- Test hooks (not part of NCCL) ----------------------------------------
 
 // Process-wide counts: "ncclAllReduce" (calls enqueued), "ncclAllReduce_bytes",
-// "ncclBroadcast". -1 for an unknown name.
+// "ncclBroadcast", "ncclBroadcast_elems" (their counts summed), "ncclReduce",
+// "ncclReduce_elems". -1 for an unknown name.
 SF_STANDIN_EXPORT int64_t sfStandinNcclCounter(const char* name) {
   const std::string n = name ? name : "";
   if (n == "ncclAllReduce") return gAllReduceCalls;
   if (n == "ncclAllReduce_bytes") return gAllReduceBytes;
   if (n == "ncclBroadcast") return gBroadcastCalls;
+  if (n == "ncclBroadcast_elems") return gBroadcastElems;
+  if (n == "ncclReduce") return gReduceCalls;
+  if (n == "ncclReduce_elems") return gReduceElems;
   if (n == "ncclCommAbort") return gAborts;
   if (n == "ncclCommDestroy") return gDestroys;
   if (n == "ncclCommFinalize") return gFinalizes;
@@ -904,6 +955,7 @@ SF_STANDIN_EXPORT void sfStandinStallFinalize(int on) { gStallFinalize = on != 0
 namespace {
 
 std::atomic<int64_t> gReduceScatterCalls{0}, gAllGatherCalls{0};
+std::atomic<int64_t> gReduceScatterElems{0}, gAllGatherElems{0};  // count x nranks per call
 
 struct Scratch {
   std::vector<char> buf;
@@ -957,7 +1009,10 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, n
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   const ncclResult_t r =
       scratchCollective("ncclReduceScatter", send, recv, recvcount, type, op, comm, stream, false);
-  if (r == ncclSuccess) ++gReduceScatterCalls;
+  if (r == ncclSuccess) {
+    ++gReduceScatterCalls;
+    gReduceScatterElems += int64_t(recvcount) * comm->state->nranks;
+  }
   return r;
 }
 
@@ -965,16 +1020,23 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclD
                            ncclComm_t comm, cudaStream_t stream) {
   const ncclResult_t r =
       scratchCollective("ncclAllGather", send, recv, sendcount, type, ncclSum, comm, stream, true);
-  if (r == ncclSuccess) ++gAllGatherCalls;
+  if (r == ncclSuccess) {
+    ++gAllGatherCalls;
+    gAllGatherElems += int64_t(sendcount) * comm->state->nranks;
+  }
   return r;
 }
 
 }  // extern "C"
 
-// "ncclReduceScatter" / "ncclAllGather": calls enqueued in this process; -1 otherwise.
+// "ncclReduceScatter" / "ncclAllGather": calls enqueued in this process;
+// "ncclReduceScatter_elems" / "ncclAllGather_elems": the elements of their
+// whole buffers (count x nranks per call), summed; -1 otherwise.
 SF_STANDIN_EXPORT int64_t sfStandinShardCounter(const char* name) {
   const std::string n = name ? name : "";
   if (n == "ncclReduceScatter") return gReduceScatterCalls;
   if (n == "ncclAllGather") return gAllGatherCalls;
+  if (n == "ncclReduceScatter_elems") return gReduceScatterElems;
+  if (n == "ncclAllGather_elems") return gAllGatherElems;
   return -1;
 }
