@@ -175,8 +175,8 @@ class Backend : public MemoryOps {
   // How the bytes travel, for the wire counts (sf_stats.wire_*): the dtype a
   // bucket all-reduce of `dtype` puts on the wire (Gloo: wire_dtype for
   // float32), and whether a reduce-scatter or all-gather moves the padding
-  // that ReduceSpec::segmentUsed marks (Gloo leaves it off; NCCL moves whole
-  // segments).
+  // that ReduceSpec::segmentUsed marks (Gloo leaves it off; NCCL too since
+  // 0.5, unless its module predates the entries that do it).
   virtual sf_dtype allreduceWireDtype(sf_dtype dtype) const { return dtype; }
   virtual bool movesPadding() const { return true; }
   // SF_ERR_INVALID_ARGUMENT unless [p, p + bytes) is memory this backend

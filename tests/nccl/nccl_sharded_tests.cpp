@@ -1,8 +1,10 @@
 // Sharded windows over NCCL (issue 17) on the CUDA and NCCL stand-ins: CUDA
 // gradients and plugin-owned CUDA parameters, reduce-scatter at
-// synchronization (ncclReduceScatter in place), the host's step on its own
-// part, the gather (ncclAllGather in place); every rank ends with the same,
-// exact weights. Ranks are threads, each on GPU `rank`.
+// synchronization (ncclReduceScatter in place; since 0.5, where segments
+// hold padding, a group of ncclReduce over the used elements), the host's
+// step on its own part, the gather (ncclAllGather in place, or a group of
+// ncclBroadcast); every rank ends with the same, exact weights. Ranks are
+// threads, each on GPU `rank`.
 
 #include <boost/test/unit_test.hpp>
 
@@ -16,10 +18,32 @@
 #include "tests/support/thread_ranks.h"
 
 extern "C" int64_t sfStandinShardCounter(const char* name);
+extern "C" void sfStandinInProgressMode(int on);
 
 using namespace sftest;
 
 namespace {
+
+// What the stand-in saw (every rank of this process): collectives and
+// elements of the reduce-scatters (ncclReduceScatter, or ncclReduce per
+// segment) and of the gathers (ncclAllGather, or ncclBroadcast per segment).
+struct ShardWire {
+  int64_t reduceCalls = 0, reduceElems = 0, gatherCalls = 0, gatherElems = 0;
+  static ShardWire now() {
+    ShardWire w;
+    w.reduceCalls = sfStandinShardCounter("ncclReduceScatter") + sfStandinNcclCounter("ncclReduce");
+    w.reduceElems =
+        sfStandinShardCounter("ncclReduceScatter_elems") + sfStandinNcclCounter("ncclReduce_elems");
+    w.gatherCalls = sfStandinShardCounter("ncclAllGather") + sfStandinNcclCounter("ncclBroadcast");
+    w.gatherElems =
+        sfStandinShardCounter("ncclAllGather_elems") + sfStandinNcclCounter("ncclBroadcast_elems");
+    return w;
+  }
+  ShardWire since(const ShardWire& before) const {
+    return {reduceCalls - before.reduceCalls, reduceElems - before.reduceElems,
+            gatherCalls - before.gatherCalls, gatherElems - before.gatherElems};
+  }
+};
 
 struct ShardRun {
   std::string error;
@@ -39,11 +63,14 @@ constexpr double kSentinel = 1000.0;
 // after synchronization what this rank does not own is overwritten with a
 // sentinel and sf_gather_gradients makes every gradient whole again.
 ShardRun trainSharded(int rank, int world, const std::string& rdv, sf_shard_layout layout,
-                      const std::vector<int64_t>& sizes, double lr, bool gatherGradients = false) {
+                      const std::vector<int64_t>& sizes, double lr, bool gatherGradients = false,
+                      sf_reduce_op op = SF_REDUCE_AVERAGE, double prescale = 1.0) {
   ShardRun out;
   sf_options o = rankOptions(rank, world, rdv);
   o.local_rank = rank;
   o.shard_layout = layout;
+  o.reduce_op = op;
+  o.prescale = prescale;
   o.bucket_cap_mb = 1024.0 / 1048576.0;
   o.first_bucket_cap_mb = 512.0 / 1048576.0;
   // The host's device buffers outlive the context (declared before it).
@@ -144,8 +171,7 @@ BOOST_AUTO_TEST_CASE(threads3_flat_and_parameter_reduce_scatter_step_gather) {
     BOOST_TEST_CONTEXT("layout " << layout) {
       const int world = 3;
       const std::string rdv = "memory://" + uniqueName("nccl-shard");
-      const int64_t rs0 = sfStandinShardCounter("ncclReduceScatter");
-      const int64_t ag0 = sfStandinShardCounter("ncclAllGather");
+      const ShardWire before = ShardWire::now();
       auto runs = runThreadRanks<ShardRun>(world, [&](int r) {
         return trainSharded(r, world, rdv, layout, sizes, lr);
       });
@@ -170,8 +196,15 @@ BOOST_AUTO_TEST_CASE(threads3_flat_and_parameter_reduce_scatter_step_gather) {
         }
       }
       BOOST_TEST(buckets > 1);
-      BOOST_TEST(sfStandinShardCounter("ncclReduceScatter") - rs0 == world * buckets);
-      BOOST_TEST(sfStandinShardCounter("ncclAllGather") - ag0 == world * buckets);
+      // At least one collective per bucket and rank; the gradients' elements
+      // once per rank (padding off the wire).
+      const ShardWire wire = ShardWire::now().since(before);
+      int64_t total = 0;
+      for (int64_t n : sizes) total += n;
+      BOOST_TEST(wire.reduceCalls >= world * buckets);
+      BOOST_TEST(wire.gatherCalls >= world * buckets);
+      BOOST_TEST(wire.reduceElems == world * total);
+      BOOST_TEST(wire.gatherElems == world * total);
     }
   }
 }
@@ -186,7 +219,7 @@ BOOST_AUTO_TEST_CASE(threads3_gather_gradients_makes_device_gradients_whole) {
     BOOST_TEST_CONTEXT("layout " << layout) {
       const int world = 3;
       const std::string rdv = "memory://" + uniqueName("nccl-shard-grads");
-      const int64_t ag0 = sfStandinShardCounter("ncclAllGather");
+      const ShardWire before = ShardWire::now();
       auto runs = runThreadRanks<ShardRun>(world, [&](int r) {
         return trainSharded(r, world, rdv, layout, sizes, lr, true);
       });
@@ -224,7 +257,101 @@ BOOST_AUTO_TEST_CASE(threads3_gather_gradients_makes_device_gradients_whole) {
         }
       }
       BOOST_TEST(buckets > 1);
-      BOOST_TEST(sfStandinShardCounter("ncclAllGather") - ag0 == world * 2 * buckets);
+      const ShardWire wire = ShardWire::now().since(before);
+      int64_t total = 0;
+      for (int64_t n : sizes) total += n;
+      BOOST_TEST(wire.gatherCalls >= world * 2 * buckets);
+      BOOST_TEST(wire.gatherElems == world * 2 * total);  // gradients, then parameters
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(threads2_and_3_uneven_shards_move_only_used_elements) {
+  // The parameter layout gives each rank whole parameters, so the ranks'
+  // segments of a bucket have uneven used lengths (300 alone in a bucket:
+  // {300, 0} at 2 ranks); the flat layout pads its last segment. The
+  // reduce-scatter and both gathers move each segment's used elements:
+  // per rank and per collective kind the bucket sizes summed (as Gloo's
+  // ring), not world_size * segment (found on an H100: the parameter layout
+  // carried 3.0x DDP's NCCL bytes instead of 1.5x). The results stay exact.
+  const std::vector<int64_t> sizes = {300, 17, 200, 5, 64};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  const double lr = 0.5;
+  for (int world : {2, 3}) {
+    for (sf_shard_layout layout : {SF_SHARD_PARAMETER, SF_SHARD_FLAT}) {
+      BOOST_TEST_CONTEXT("world " << world << ", layout " << layout) {
+        const std::string rdv = "memory://" + uniqueName("nccl-shard-used");
+        const ShardWire before = ShardWire::now();
+        auto runs = runThreadRanks<ShardRun>(world, [&](int r) {
+          return trainSharded(r, world, rdv, layout, sizes, lr, true);
+        });
+        for (int r = 0; r < world; ++r) {
+          const ShardRun& x = runs[size_t(r)];
+          BOOST_REQUIRE_MESSAGE(x.error.empty(), x.error);
+          BOOST_REQUIRE(x.gradients.size() == sizes.size());
+          for (size_t p = 0; p < sizes.size(); ++p) {
+            for (int64_t i = 0; i < sizes[p]; ++i) {
+              double avg = 0;
+              for (int q = 0; q < world; ++q) avg += gradValue(q, 0, 0, int(p), i);
+              avg /= world;  // exact in float32 (gradValue's quarters)
+              const double got = loadValue(x.gradients[p].data(), i, SF_DTYPE_FLOAT32);
+              const float want = float(0.5 * double(p) + 0.125 * double(i % 3) - lr * avg);  // as the step
+              const float param = float(x.params[p][size_t(i)]);
+              if (got != avg || std::memcmp(&param, &want, 4) != 0) {
+                BOOST_ERROR("rank " << r << " gradient " << p << "[" << i << "] = " << got << " (want "
+                                    << avg << "), parameter " << param << " (want " << want << ")");
+                break;
+              }
+            }
+            BOOST_TEST((x.gradients[p] == runs[0].gradients[p]), "rank " << r << " gradient " << p);
+            BOOST_TEST((x.params[p] == runs[0].params[p]), "rank " << r << " parameter " << p);
+          }
+          // The wire counts (sf_stats) say what moved: the reduce-scatter and
+          // the gradient gather's gradients, the parameter gather's parameters.
+          BOOST_TEST(x.stats.wire_gradient_bytes == 2 * total * 4);
+          BOOST_TEST(x.stats.wire_parameter_bytes == total * 4);
+        }
+        // Every rank (a thread of this process) counted: world_size times.
+        const ShardWire wire = ShardWire::now().since(before);
+        BOOST_TEST(wire.reduceElems == world * total);
+        BOOST_TEST(wire.gatherElems == world * 2 * total);  // gradients, then parameters
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(threads2_uneven_shards_prescaled_sum_settles_before_the_operator_goes) {
+  // The used elements' group of ncclReduce with one pre-multiplied sum
+  // operator, in the stand-in's in-progress mode (every call, a group's end
+  // too, returns ncclInProgress; destroying the operator before it settled
+  // fails the communicator): exact, and the operator outlives the group.
+  const std::vector<int64_t> sizes = {300, 17, 200, 5, 64};
+  const int world = 2;
+  const double prescale = 0.5;
+  const std::string rdv = "memory://" + uniqueName("nccl-shard-premul");
+  const int64_t reduces0 = sfStandinNcclCounter("ncclReduce");
+  sfStandinInProgressMode(1);
+  auto runs = runThreadRanks<ShardRun>(world, [&](int r) {
+    return trainSharded(r, world, rdv, SF_SHARD_PARAMETER, sizes, 0.5, true, SF_REDUCE_PRESCALED_SUM,
+                        prescale);
+  });
+  sfStandinInProgressMode(0);
+  BOOST_TEST(sfStandinNcclCounter("ncclReduce") > reduces0);
+  for (int r = 0; r < world; ++r) {
+    const ShardRun& x = runs[size_t(r)];
+    BOOST_REQUIRE_MESSAGE(x.error.empty(), x.error);
+    for (size_t p = 0; p < sizes.size(); ++p) {
+      for (int64_t i = 0; i < sizes[p]; ++i) {
+        double sum = 0;
+        for (int q = 0; q < world; ++q) sum += gradValue(q, 0, 0, int(p), i);
+        const double got = loadValue(x.gradients[p].data(), i, SF_DTYPE_FLOAT32);
+        if (got != prescale * sum) {
+          BOOST_ERROR("rank " << r << " gradient " << p << "[" << i << "] = " << got << ", want "
+                              << prescale * sum);
+          break;
+        }
+      }
     }
   }
 }

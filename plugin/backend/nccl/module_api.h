@@ -120,9 +120,11 @@ typedef struct sfn_api {
   /* ---- Since 0.3 (sharded windows), appended ---- */
   /* In-place reduce-scatter: `data` holds world_size segments of
    * `segment_numel` elements; afterwards segment `rank` holds the reduction
-   * (the operator chosen as allreduce_start's) of every rank's segment
-   * `rank` (ncclReduceScatter with recvbuff = data + rank * segment: NCCL's
-   * in-place rule). Ordered and waited for as allreduce_start's work. */
+   * (the operator chosen as allreduce_start's, on every element: a reserved
+   * tail is scaled too) of every rank's segment `rank` (ncclReduceScatter
+   * with recvbuff = data + rank * segment: NCCL's in-place rule). Ordered
+   * and waited for as allreduce_start's work. Segments with padding: the
+   * *_used_start entries below (since 0.5). */
   int32_t (*reduce_scatter_start)(sfn_comm* comm, void* data, int64_t segment_numel, int32_t dtype,
                                   double prescale, double postscale, sfn_work** out, sfn_error* err);
   /* In-place all-gather: segment `rank` of `data` to every rank
@@ -141,6 +143,30 @@ typedef struct sfn_api {
    * pinned memory of its own). */
   int32_t (*scale_start)(sfn_comm* comm, void* data, int64_t numel, int32_t dtype, double factor,
                          sfn_work** out, sfn_error* err);
+
+  /* ---- Since 0.5 (uneven shards), appended; a caller checks struct_size ---- */
+  /* reduce_scatter_start moving only what each segment holds: `used`
+   * (world_size values, each at most the data end, read during the call)
+   * says how many leading elements of segment r hold data. Afterwards
+   * segment `rank` holds, in its first used[rank] elements, the reduction
+   * (the operator chosen as allreduce_start's) of every rank's; its
+   * elements from scaled_numel to the segment's end (a reserved tail;
+   * scaled_numel -1: none) the unscaled sum; the elements between
+   * (padding) are not moved and keep their values, as every other segment
+   * does. One NCCL group of ncclReduce calls, root r over segment r, in
+   * place; segments with nothing to move are skipped. Ordered and waited
+   * for as allreduce_start's work. */
+  int32_t (*reduce_scatter_used_start)(sfn_comm* comm, void* data, int64_t segment_numel,
+                                       int64_t scaled_numel, const int64_t* used, int32_t dtype,
+                                       double prescale, double postscale, sfn_work** out,
+                                       sfn_error* err);
+  /* allgather_start moving only the first used[r] elements of segment r
+   * (each at most segment_numel) from rank r to every rank; the rest of
+   * each segment is not moved. One NCCL group of ncclBroadcast calls,
+   * root r, in place; empty segments skipped. */
+  int32_t (*allgather_used_start)(sfn_comm* comm, void* data, int64_t segment_numel,
+                                  const int64_t* used, int32_t dtype, sfn_work** out,
+                                  sfn_error* err);
 } sfn_api;
 
 /* The module's entry point: loads the CUDA runtime and NCCL (first call) and

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
@@ -53,7 +54,10 @@ std::string tryLoad(const std::string& path) {
     const char* why = initError ? initError() : nullptr;
     if (why && *why) return why;
   }
-  if (!api || api->struct_size < sizeof(sfn_api)) {
+  // The table up to 0.4's scale_start is required; entries appended since
+  // (0.5's *_used_start) are optional: NcclBackend checks struct_size
+  // before it uses one, and a module without them moves whole segments.
+  if (!api || api->struct_size < offsetof(sfn_api, scale_start) + sizeof api->scale_start) {
     return path + ": module of another interface version (this libsfsync.so needs " +
            std::to_string(SFN_ABI_VERSION) + "); use the module built with it";
   }

@@ -1,5 +1,6 @@
 #include "plugin/backend/nccl/nccl_backend.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -193,23 +194,56 @@ std::unique_ptr<Work> NcclBackend::startAllreduce(void* data, int64_t numel, sf_
   return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
 }
 
+bool NcclBackend::movesOnlyUsed() const {
+  return api_.struct_size >= offsetof(sfn_api, allgather_used_start) + sizeof api_.allgather_used_start &&
+         api_.reduce_scatter_used_start && api_.allgather_used_start;
+}
+
+std::vector<int64_t> NcclBackend::paddedUsed(const ReduceSpec& spec, int64_t dataEnd) const {
+  const std::vector<int64_t>& used = spec.segmentUsed;
+  if (!movesOnlyUsed() || used.size() != size_t(opts_.world_size)) return {};
+  std::vector<int64_t> clamped(used.size());
+  bool padded = false;
+  for (size_t r = 0; r < used.size(); ++r) {
+    clamped[r] = std::max<int64_t>(0, std::min(used[r], dataEnd));
+    padded = padded || clamped[r] < dataEnd;
+  }
+  return padded ? clamped : std::vector<int64_t>{};
+}
+
 std::unique_ptr<Work> NcclBackend::startReduceScatter(void* data, int64_t segmentElems,
                                                       sf_dtype dtype, ReduceSpec spec) {
   connect();
   sfn_work* work = nullptr;
   sfn_error err;
-  check(api_.reduce_scatter_start(comm_, data, segmentElems, dtype, spec.prescale,
-                                  spec.postscale, &work, &err),
-        err);
+  // Segments with padding (uneven shards, a flat layout's last segment):
+  // only their used elements and the reserved tails travel.
+  const int64_t dataEnd = spec.scaledElems < 0 ? segmentElems : std::min(spec.scaledElems, segmentElems);
+  const std::vector<int64_t> used = paddedUsed(spec, dataEnd);
+  if (!used.empty()) {
+    check(api_.reduce_scatter_used_start(comm_, data, segmentElems, dataEnd, used.data(), dtype,
+                                         spec.prescale, spec.postscale, &work, &err),
+          err);
+  } else {
+    check(api_.reduce_scatter_start(comm_, data, segmentElems, dtype, spec.prescale,
+                                    spec.postscale, &work, &err),
+          err);
+  }
   return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
 }
 
 std::unique_ptr<Work> NcclBackend::startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
-                                                  ReduceSpec) {
+                                                  ReduceSpec spec) {
   connect();
   sfn_work* work = nullptr;
   sfn_error err;
-  check(api_.allgather_start(comm_, data, segmentElems, dtype, &work, &err), err);
+  // A gather has no reserved tail to move: the used elements only.
+  const std::vector<int64_t> used = paddedUsed(spec, segmentElems);
+  if (!used.empty()) {
+    check(api_.allgather_used_start(comm_, data, segmentElems, used.data(), dtype, &work, &err), err);
+  } else {
+    check(api_.allgather_start(comm_, data, segmentElems, dtype, &work, &err), err);
+  }
   return std::make_unique<NcclWork>(api_, work, opts_.timeout_ms);
 }
 

@@ -5,8 +5,10 @@
 // the host's communicator, and turning module statuses into sfsync::Error.
 // Not responsible for CUDA or NCCL calls: those live in the module only.
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "plugin/backend/backend.h"
 #include "plugin/backend/nccl/module_api.h"
@@ -41,10 +43,17 @@ class NcclBackend : public Backend {
   void allreduceMaxInt64(int64_t* data, int64_t n) override;
   // Since 0.3: ncclReduceScatter / ncclAllGather in place, on the plugin's
   // stream, in one sequence with the all-reduces (NCCL keeps one order).
+  // Since 0.5, where spec.segmentUsed leaves padding in a segment: one NCCL
+  // group of ncclReduce / ncclBroadcast calls (root r over segment r's used
+  // elements, and for the reduce-scatter its reserved tail), so that the
+  // padding stays off the wire as on Gloo (a module without those entries:
+  // whole segments, as before).
   std::unique_ptr<Work> startReduceScatter(void* data, int64_t segmentElems, sf_dtype dtype,
                                            ReduceSpec spec) override;
   std::unique_ptr<Work> startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
                                        ReduceSpec spec) override;
+  // False where the module has the 0.5 entries (the padding stays off).
+  bool movesPadding() const override { return !movesOnlyUsed(); }
   // A goodbye through the rendezvous store, not a collective: publishes
   // "nccl_bye/<rank>" and waits (at most min(timeout_ms, 10 s)) until every
   // rank published its own, so that the communicator is torn down once no
@@ -79,6 +88,12 @@ class NcclBackend : public Backend {
 
  private:
   sfn_device* device();  // opened on first use; mutex_ held
+  // Whether the module's table has reduce_scatter_used_start and
+  // allgather_used_start (since 0.5; the table carries its size).
+  bool movesOnlyUsed() const;
+  // spec.segmentUsed clamped to [0, dataEnd] when a segment has padding
+  // before dataEnd and the module can leave it off; empty: whole segments.
+  std::vector<int64_t> paddedUsed(const ReduceSpec& spec, int64_t dataEnd) const;
   void check(int32_t status, const sfn_error& err) const;
 
   const sf_options opts_;

@@ -74,6 +74,7 @@ using CudaAllocFn = cudaError_t (*)(void**, size_t);  // cudaMalloc, cudaMallocH
 #define SFN_NCCL_FUNCTIONS(X, O)  \
   X(ncclAllGather)             \
   X(ncclAllReduce)             \
+  X(ncclBroadcast)             \
   X(ncclCommAbort)             \
   X(ncclCommCount)             \
   X(ncclCommCuDevice)          \
@@ -90,6 +91,7 @@ using CudaAllocFn = cudaError_t (*)(void**, size_t);  // cudaMalloc, cudaMallocH
   X(ncclGroupStart)            \
   X(ncclRedOpCreatePreMulSum)  \
   X(ncclRedOpDestroy)          \
+  X(ncclReduce)                \
   X(ncclReduceScatter)
 
 namespace {
@@ -1073,6 +1075,88 @@ int32_t allgatherStart(sfn_comm* c, void* data, int64_t segment, int32_t dtype, 
   });
 }
 
+// ---- Since 0.5: uneven shards, only the used elements on the wire -----------
+// The parameter layout gives each rank whole parameters, so segment r holds
+// used[r] elements and padding up to the segment's data end; the flat layout
+// pads its last segments. ncclReduceScatter / ncclAllGather need one count
+// for every rank, so they would move the padding (at 2 ranks the parameter
+// layout carried 2x the gradients' bytes). Instead, one NCCL group: per rank
+// r, an ncclReduce (or ncclBroadcast) with root r over the used elements of
+// segment r, in place. On a ring each of them moves (W - 1) times its count,
+// as a reduce-scatter moves (W - 1) times a segment: the padding off the
+// wire, nothing else added. Segments with nothing to move are skipped (every
+// rank skips the same: `used` is the bucket's layout, the same everywhere).
+
+// Checks used[0..world) against the data end; the elements moved, summed.
+int64_t usedTotal(sfn_comm* c, const int64_t* used, int64_t dataEnd) {
+  if (!used) throw Failure{SF_ERR_INVALID_ARGUMENT, "no used lengths"};
+  int64_t total = 0;
+  for (int r = 0; r < c->world; ++r) {
+    if (used[r] < 0 || used[r] > dataEnd) {
+      throw Failure{SF_ERR_INVALID_ARGUMENT, "segment " + std::to_string(r) + " uses " +
+                                                 std::to_string(used[r]) + " elements of " +
+                                                 std::to_string(dataEnd)};
+    }
+    total += used[r];
+  }
+  return total;
+}
+
+int32_t reduceScatterUsedStart(sfn_comm* c, void* data, int64_t segment, int64_t scaledNumel,
+                               const int64_t* used, int32_t dtype, double prescale, double postscale,
+                               sfn_work** out, sfn_error* err) {
+  const size_t es = sfsync::dtypeSize(dtype);
+  const int64_t dataEnd = scaledNumel < 0 || scaledNumel > segment ? segment : scaledNumel;
+  const int64_t tail = segment - dataEnd;
+  int64_t total = 0;
+  const int32_t checked = entry(err, [&] { total = usedTotal(c, used, dataEnd); });
+  if (checked != SF_OK) return checked;
+  return startOrdered(c, (total + tail * c->world) * int64_t(es), out, err, [&](sfn_device* d) {
+    const ncclDataType_t type = ncclType(dtype);
+    const auto [op, custom] = reduceOp(c, prescale, postscale, dtype, type);
+    char* base = static_cast<char*>(data);
+    // Root r's result lands in its own segment; the others' buffers are
+    // only read (NCCL uses recvbuff on the root alone), as ncclReduceScatter
+    // reads them. The reserved tail after dataEnd is summed unscaled (as
+    // allreduce_start's): with ncclSum and a full segment, one call.
+    ncclResult_t r = fn.ncclGroupStart();
+    for (int root = 0; r == ncclSuccess && root < c->world; ++root) {
+      char* seg = base + size_t(root) * size_t(segment) * es;
+      const int64_t n = used[root];
+      const bool whole = op == ncclSum && n == dataEnd;
+      const int64_t count = whole ? segment : n;
+      if (count > 0) r = fn.ncclReduce(seg, seg, size_t(count), type, op, root, c->comm, d->stream);
+      if (r == ncclSuccess && !whole && tail > 0) {
+        char* rest = seg + size_t(dataEnd) * es;
+        r = fn.ncclReduce(rest, rest, size_t(tail), type, ncclSum, root, c->comm, d->stream);
+      }
+    }
+    const ncclResult_t end = fn.ncclGroupEnd();
+    if (r == ncclSuccess) r = end;
+    settleThenDestroyOp(c, r, "ncclReduce (reduce-scatter of the used elements)", op, custom);
+  });
+}
+
+int32_t allgatherUsedStart(sfn_comm* c, void* data, int64_t segment, const int64_t* used,
+                           int32_t dtype, sfn_work** out, sfn_error* err) {
+  const size_t es = sfsync::dtypeSize(dtype);
+  int64_t total = 0;
+  const int32_t checked = entry(err, [&] { total = usedTotal(c, used, segment); });
+  if (checked != SF_OK) return checked;
+  return startOrdered(c, total * int64_t(es), out, err, [&](sfn_device* d) {
+    const ncclDataType_t type = ncclType(dtype);
+    char* base = static_cast<char*>(data);
+    ncclResult_t r = fn.ncclGroupStart();
+    for (int root = 0; r == ncclSuccess && root < c->world; ++root) {
+      char* seg = base + size_t(root) * size_t(segment) * es;
+      if (used[root] > 0) r = fn.ncclBroadcast(seg, seg, size_t(used[root]), type, root, c->comm, d->stream);
+    }
+    const ncclResult_t end = fn.ncclGroupEnd();
+    if (r == ncclSuccess) r = end;
+    settle(c, r, "ncclBroadcast (all-gather of the used elements)", c->timeoutMs);
+  });
+}
+
 const sfn_api kApi = {
     SFN_ABI_VERSION,
     sizeof(sfn_api),
@@ -1098,6 +1182,8 @@ const sfn_api kApi = {
     reduceScatterStart,  // since 0.3
     allgatherStart,
     scaleStart,  // since 0.4
+    reduceScatterUsedStart,  // since 0.5
+    allgatherUsedStart,
 };
 
 }  // namespace
