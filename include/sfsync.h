@@ -544,7 +544,9 @@ SF_API sf_status sf_bucket_state(const sf_context* ctx, int64_t index, int32_t* 
 /* Flags of sf_window_state. Since 0.5. */
 #define SF_WINDOW_SYNCHRONIZING 1    /* reductions of the window started (sf_grad_ready
                                         completed a bucket, or sf_synchronize_start) and no
-                                        sf_synchronize completed the window yet */
+                                        sf_synchronize completed the window yet (after a
+                                        failed collective it stays set: the window cannot
+                                        complete) */
 #define SF_WINDOW_GRADIENTS_WHOLE 2  /* every bucket's reduction of the current window is
                                         in place and whole on this rank: unsharded once
                                         reduced; sharded once sf_gather_gradients gathered

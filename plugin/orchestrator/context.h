@@ -87,7 +87,7 @@ class Context {
   // sf_bucket_state / sf_window_state (Since 0.5): the reducer's cycles,
   // asked (the window is the clock's current pass).
   int32_t bucketState(int64_t index) const;
-  int32_t windowState() const { return reducer_.windowState(clock_.pass().number); }
+  int32_t windowState() const { return reducer_.windowState(clock_.pass()); }
 
   // ---- Windows (the clock's state; what they allow to be communicated) ------
   void beginAccumulation();

@@ -76,15 +76,18 @@ int32_t Reducer::bucketState(int64_t bucket) const {
   fail(SF_ERR_INTERNAL, "bucket " + std::to_string(bucket) + " is in no known state");
 }
 
-int32_t Reducer::windowState(int64_t pass) const {
+int32_t Reducer::windowState(const PassRef& pass) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!built()) return 0;
-  int32_t flags = nextToStart_ > 0 ? SF_WINDOW_SYNCHRONIZING : 0;
+  // Started and not synchronized (synchronize() resets nextToStart_); a
+  // failure drains the buckets, and the open pass stays unsynchronized.
+  const bool synchronizing = nextToStart_ > 0 || (failedStatus_ != SF_OK && pass.open);
+  int32_t flags = synchronizing ? SF_WINDOW_SYNCHRONIZING : 0;
   bool whole = !cycles_.empty();
   for (const auto& c : cycles_) {
     // Unsharded every rank received every reduced gradient; sharded only
     // sf_gather_gradients makes them whole (bucket_state.h).
-    if (!(sharded() ? c.gradientsWholeIn(pass) : c.reducedIn(pass))) whole = false;
+    if (!(sharded() ? c.gradientsWholeIn(pass.number) : c.reducedIn(pass.number))) whole = false;
   }
   if (whole) flags |= SF_WINDOW_GRADIENTS_WHOLE;
   return flags;

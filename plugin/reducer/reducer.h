@@ -165,8 +165,9 @@ class Reducer {
   // After built(); the caller checked the index.
   int32_t bucketState(int64_t bucket) const;
   // sf_window_state: SF_WINDOW_* flags of pass `pass` (the clock's current
-  // one); 0 before the build.
-  int32_t windowState(int64_t pass) const;
+  // one); 0 before the build. A failed reducer stays synchronizing while
+  // `pass` is open: no synchronization can complete it.
+  int32_t windowState(const PassRef& pass) const;
 
   // ---- Weighted windows (window_totals.h) -----------------------------------
   // sf_add_window_weight / sf_add_window_sums (arguments checked by the
