@@ -52,6 +52,17 @@ SHARD_NONE = 0       # since 0.3
 SHARD_FLAT = 1
 SHARD_PARAMETER = 2
 
+BUCKET_IDLE = 0      # since 0.5: sf_bucket_state's values
+BUCKET_FILLING = 1
+BUCKET_REDUCING = 2
+BUCKET_REDUCED = 3
+BUCKET_GATHERING = 4
+BUCKET_GATHERING_GRADIENTS = 5
+BUCKET_GATHERED = 6
+
+WINDOW_SYNCHRONIZING = 1    # since 0.5: sf_window_state's flags
+WINDOW_GRADIENTS_WHOLE = 2
+
 RENDEZVOUS_MAX = 256
 
 LOG_NONE = 0
@@ -260,6 +271,8 @@ PROTOTYPES = {
     "sf_get_stats": _fn(_STATUS, [_P, _c.POINTER(Stats)]),
     "sf_bucket_info": _fn(_STATUS, [_P, _c.c_int64, _c.POINTER(_c.c_int64),
                                     _c.POINTER(_c.c_int64), _c.POINTER(_c.c_int32)]),
+    "sf_bucket_state": _fn(_STATUS, [_P, _c.c_int64, _c.POINTER(_c.c_int32)], "0.5"),
+    "sf_window_state": _fn(_STATUS, [_P, _c.POINTER(_c.c_int32)], "0.5"),
     "sf_restore_windows": _fn(_STATUS, [_P, _c.c_int64], "0.4"),
     "sf_add_window_weight": _fn(_STATUS, [_P, _c.c_double], "0.4"),
     "sf_add_window_sums": _fn(_STATUS, [_P, _c.POINTER(_c.c_double), _c.c_int32], "0.4"),

@@ -1,6 +1,7 @@
 """What a buffer argument of sfsync may be, as the ABI takes it (an address
 and a byte count): ``address_and_size`` and ``digest`` (sf_digest of any
-buffer). Used by context.py; ``digest`` is importable from sfsync and
+buffer), and a numpy array's sf_dtype and one over plugin memory
+(``dtype_of_array``, ``array_at``). Used by context.py; ``digest`` is importable from sfsync and
 sfsync.context as in 0.3.
 
 Not responsible for: the context (context.py), loading (loader.py).
@@ -8,10 +9,17 @@ Not responsible for: the context (context.py), loading (loader.py).
 
 import ctypes
 
-from sfsync._abi import ERR_INVALID_ARGUMENT
+from sfsync._abi import (DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32, DTYPE_FLOAT64,
+                         ERR_INVALID_ARGUMENT)
 from sfsync.loader import error, lib
 
-__all__ = ["address_and_size", "digest"]
+__all__ = ["address_and_size", "digest", "dtype_of_array", "array_at"]
+
+# numpy has no bfloat16: its gradients are exposed as uint16 bit patterns.
+_NUMPY_DTYPES = {DTYPE_FLOAT32: "float32", DTYPE_FLOAT64: "float64", DTYPE_FLOAT16: "float16",
+                 DTYPE_BFLOAT16: "uint16"}
+_CTYPES_ELEMENTS = {DTYPE_FLOAT32: ctypes.c_float, DTYPE_FLOAT64: ctypes.c_double,
+                    DTYPE_FLOAT16: ctypes.c_uint16, DTYPE_BFLOAT16: ctypes.c_uint16}
 
 
 def address_and_size(data, nbytes=None):
@@ -49,3 +57,23 @@ def digest(data, seed=0, nbytes=None):
     out = ctypes.c_uint64()
     lib().sf_digest(address or None, size, seed, ctypes.byref(out))
     return out.value
+
+
+def dtype_of_array(arr):
+    """The sf_dtype of a numpy array (float32, float64, float16)."""
+    by_name = {"float32": DTYPE_FLOAT32, "float64": DTYPE_FLOAT64, "float16": DTYPE_FLOAT16}
+    try:
+        return by_name[str(arr.dtype)]
+    except KeyError:
+        raise TypeError("sfsync has no dtype for numpy %s (float32, float64, float16; bfloat16 "
+                        "through a raw address)" % arr.dtype) from None
+
+
+def array_at(address, numel, dtype, keep):
+    """A numpy array over ``numel`` elements of sf_dtype ``dtype`` at
+    ``address`` (no copy; bfloat16 as uint16); the array keeps ``keep``
+    (the owner of the memory) alive."""
+    import numpy as np
+    raw = (_CTYPES_ELEMENTS[dtype] * numel).from_address(address)
+    raw.sf_context = keep
+    return np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype])

@@ -8,18 +8,20 @@ responsible for: loading and errors (loader.py, errors.py), the declarations
 (_abi.py), what a buffer argument may be (buffers.py), torch (sfsync.torch).
 """
 
+import collections
 import contextlib
 import ctypes
 import weakref
 
 from sfsync._abi import (DEVICE_CUDA, DEVICE_HOST, DTYPE_BFLOAT16, DTYPE_FLOAT16, DTYPE_FLOAT32,
-                         DTYPE_FLOAT64, ERR_INTERNAL, ERR_INVALID_ARGUMENT, ERR_INVALID_STATE, ERR_UNSUPPORTED,
-                         LOG_WARN, REDUCE_AVERAGE, REDUCE_PRESCALED_SUM, REDUCE_SUM,
-                         REDUCE_WEIGHTED, RENDEZVOUS_MAX, SHARD_FLAT, SHARD_NONE, SHARD_PARAMETER,
-                         WINDOW_SUMS, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
-                         STORE_TIMEOUT, Options, Stats, Store)
+                         DTYPE_FLOAT64, ERR_INTERNAL, ERR_INVALID_ARGUMENT, ERR_INVALID_STATE,
+                         ERR_UNSUPPORTED, LOG_WARN, REDUCE_AVERAGE, REDUCE_PRESCALED_SUM,
+                         REDUCE_SUM, REDUCE_WEIGHTED, RENDEZVOUS_MAX, SHARD_FLAT, SHARD_NONE,
+                         SHARD_PARAMETER, STORE_ERROR, STORE_GET_FN, STORE_OK, STORE_SET_FN,
+                         STORE_TIMEOUT, WINDOW_GRADIENTS_WHOLE, WINDOW_SUMS, WINDOW_SYNCHRONIZING,
+                         Options, Stats, Store)
 from sfsync._abi import _ContextPtr  # the binding's opaque pointer type (see loader.py)
-from sfsync.buffers import address_and_size, digest
+from sfsync.buffers import address_and_size, array_at, digest, dtype_of_array
 from sfsync.loader import BACKEND_NAMES, error, lib, loaded, log, prefer_torch_cuda_libraries
 
 __all__ = ["DTYPE_SIZES", "DTYPE_NAMES", "options", "digest", "Context"]
@@ -28,17 +30,15 @@ __all__ = ["DTYPE_SIZES", "DTYPE_NAMES", "options", "digest", "Context"]
 DTYPE_SIZES = {DTYPE_FLOAT32: 4, DTYPE_FLOAT64: 8, DTYPE_FLOAT16: 2, DTYPE_BFLOAT16: 2}
 DTYPE_NAMES = {DTYPE_FLOAT32: "float32", DTYPE_FLOAT64: "float64", DTYPE_FLOAT16: "float16",
                DTYPE_BFLOAT16: "bfloat16"}
-# numpy has no bfloat16: its gradients are exposed as uint16 bit patterns.
-_NUMPY_DTYPES = {DTYPE_FLOAT32: "float32", DTYPE_FLOAT64: "float64", DTYPE_FLOAT16: "float16",
-                 DTYPE_BFLOAT16: "uint16"}
-_CTYPES_ELEMENTS = {DTYPE_FLOAT32: ctypes.c_float, DTYPE_FLOAT64: ctypes.c_double,
-                    DTYPE_FLOAT16: ctypes.c_uint16, DTYPE_BFLOAT16: ctypes.c_uint16}
 
 #: The names options() takes for reduce_op (SF_REDUCE's) and wire_dtype.
 REDUCE_NAMES = {"average": REDUCE_AVERAGE, "sum": REDUCE_SUM,
                 "prescaled_sum": REDUCE_PRESCALED_SUM, "weighted": REDUCE_WEIGHTED}
 #: The name of each sf_shard_layout (SF_SHARD's, GradientSync's shard_layout).
 SHARD_NAMES = {SHARD_NONE: "none", SHARD_FLAT: "flat", SHARD_PARAMETER: "parameter"}
+#: sf_bucket_state's names, by value (SF_BUCKET_*: never renumbered).
+BUCKET_STATE_NAMES = ("idle", "filling", "reducing", "reduced", "gathering",
+                      "gathering_gradients", "gathered")
 WIRE_NAMES = {"float32": DTYPE_FLOAT32, "fp32": DTYPE_FLOAT32, "float16": DTYPE_FLOAT16,
               "fp16": DTYPE_FLOAT16, "bfloat16": DTYPE_BFLOAT16, "bf16": DTYPE_BFLOAT16}
 
@@ -82,12 +82,7 @@ def options(**overrides):
     return _set_fields(opts, overrides)
 
 
-class _Gradient:
-    __slots__ = ("numel", "dtype", "device", "name", "owner")
-
-    def __init__(self, numel, dtype, device, name, owner):
-        self.numel, self.dtype, self.device, self.name, self.owner = (numel, dtype, device, name,
-                                                                      owner)
+_Gradient = collections.namedtuple("_Gradient", "numel dtype device name owner")
 
 
 def _destroy(handle, keep=None):
@@ -129,8 +124,7 @@ class Context:
         self._owned = owned
         self._grads = []
         self._keep = []  # store callbacks: alive as long as the context
-        self._finalizer = (weakref.finalize(self, _destroy, handle, self._keep) if owned
-                           else None)
+        self._finalizer = weakref.finalize(self, _destroy, handle, self._keep) if owned else None
 
     @classmethod
     def default(cls):
@@ -231,7 +225,7 @@ class Context:
             if not (arr.flags["C_CONTIGUOUS"] and arr.flags["WRITEABLE"]):
                 raise error(ERR_INVALID_ARGUMENT, "register_gradient: the array must be "
                              "C-contiguous and writable")
-            found = _dtype_from_numpy(arr.dtype)
+            found = dtype_of_array(arr)
             if dtype is not None and dtype != found:
                 raise TypeError("register_gradient: dtype %r does not match the array's %s"
                                 % (dtype, arr.dtype))
@@ -285,15 +279,12 @@ class Context:
         plugin-owned gradients that is the flat buffer itself. bfloat16 is
         returned as uint16 (numpy has no bfloat16). The array keeps this
         Context alive."""
-        import numpy as np
         address = self.gradient_data(gid)  # validates gid, builds buckets
         g = self._grads[gid]
         if g.device != DEVICE_HOST:
             raise error(ERR_UNSUPPORTED, "gradient_array: gradient %d is not in host memory"
                          % gid)
-        raw = (_CTYPES_ELEMENTS[g.dtype] * g.numel).from_address(address)
-        raw.sf_context = self  # the memory lives as long as the context
-        return np.frombuffer(raw, dtype=_NUMPY_DTYPES[g.dtype])
+        return array_at(address, g.numel, g.dtype, keep=self)  # the memory lives with self
 
     def zero_gradients(self):
         lib().sf_zero_gradients(self.handle)
@@ -483,15 +474,26 @@ class Context:
         self.build_buckets()
         return [self.bucket_info(i) for i in range(self.stats()["bucket_count"])]
 
+    def bucket_state(self, index):
+        """sf_bucket_state (Since 0.5): bucket ``index``'s state now, a name of
+        BUCKET_STATE_NAMES (include/sfsync.h's SF_BUCKET_* say when)."""
+        out = ctypes.c_int32()
+        lib().sf_bucket_state(self.handle, index, ctypes.byref(out))
+        return BUCKET_STATE_NAMES[out.value]
+
+    def bucket_states(self):
+        """bucket_state of every bucket, in synchronization order ([] unbuilt)."""
+        return [self.bucket_state(i) for i in range(self.stats()["bucket_count"])]
+
+    def window_state(self):
+        """sf_window_state (Since 0.5), SF_WINDOW_* as bools: "synchronizing",
+        "gradients_whole" (include/sfsync.h)."""
+        out = ctypes.c_int32()
+        lib().sf_window_state(self.handle, ctypes.byref(out))
+        return {"synchronizing": bool(out.value & WINDOW_SYNCHRONIZING),
+                "gradients_whole": bool(out.value & WINDOW_GRADIENTS_WHOLE)}
+
 
 def _name_bytes(name):
     return None if name is None else str(name).encode()
 
-
-def _dtype_from_numpy(dt):
-    by_name = {"float32": DTYPE_FLOAT32, "float64": DTYPE_FLOAT64, "float16": DTYPE_FLOAT16}
-    try:
-        return by_name[str(dt)]
-    except KeyError:
-        raise TypeError("sfsync has no dtype for numpy %s (float32, float64, float16; bfloat16 "
-                        "through a raw address)" % dt) from None

@@ -356,8 +356,9 @@ class SyncOptimizer(torch.optim.Optimizer):
                        if used is not None and store.mask_id is not None else None)
         for b in range(self._buckets):
             driver.wait(b)
-            if used is not None and b != mask_bucket and mask_bucket not in driver.waited and \
-                    any(used[s.index] == 0 for s in self._map.by_bucket[b]):
+            if used is not None and b != mask_bucket and \
+                    any(used[s.index] == 0 for s in self._map.by_bucket[b]) and \
+                    (mask_bucket is None or not driver.waited(mask_bucket)):
                 deferred.append(b)  # needs the global mask: after the mask's bucket
                 continue
             if b == mask_bucket:

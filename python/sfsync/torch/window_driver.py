@@ -9,11 +9,22 @@ used-parameter mask's sum (sharded: one sf_allreduce_float64), the gradient
 gather (sharded, whole gradients), the publish (accumulated ``.grad``,
 unused parameters' ``.grad = None``), the buffer broadcast, and the
 parameter gathers after a sharded step with the waits for them (forward
-pre-hooks, reads of the module's parameters). It holds the window's
-collective state (``phase``, the buckets waited, the gathers in flight,
-whether the gradients are whole) and the facts of the attachment that both
-callers read (context, store, module, parameters, rank); the shard layout
-it asks the context (``sharded``, ``shard_layout``), which holds it.
+pre-hooks, reads of the module's parameters). It holds the facts of the
+attachment that both callers read (context, store, module, parameters,
+rank). The window's collective state it asks the plugin, which holds it
+(issue 44: one holder): whether a bucket was waited or its parameter
+gather is in flight (``Context.bucket_state``: sf_bucket_state), whether
+the window's reductions are under way and its gradients whole
+(``Context.window_state``: sf_window_state), the shard layout
+(``sharded``, ``shard_layout``) and the window count (``windows``).
+
+What it keeps is what the plugin cannot know: whether the optimizer's step
+of the window is due (a window closed with an optimizer and not stepped)
+or was taken (sharded: until the next window begins). An unsharded step
+leaves no trace in the plugin (its buckets stay reduced), and a sharded
+one's parameter gathers outlive the window into the next forward, so
+neither can be read back; ``phase`` combines this one fact with the
+plugin's (``REDUCING`` or ``SYNCHRONIZED`` is sf_window_state's answer).
 
 Not responsible for: counting passes (sfsync/host_window.py) and windows
 (the plugin: ``windows`` asks it),
@@ -32,9 +43,13 @@ from sfsync.torch.weighted import zero_weight
 
 __all__ = ["WindowDriver", "Phase"]
 
+# WindowDriver._step: the window's optimizer step is due, or was taken.
+_DUE, _TAKEN = "due", "taken"
+
 
 class Phase(enum.Enum):
-    """Where the window's collectives are in their cycle."""
+    """Where the window's collectives are in their cycle (WindowDriver.phase:
+    the step's fact, kept by the driver, with the plugin's answer)."""
     IDLE = "idle"                  # no window closed since the last step
     REDUCING = "reducing"          # the window's collectives started, not all waited
     SYNCHRONIZED = "synchronized"  # every bucket waited: gradients final
@@ -52,7 +67,7 @@ class WindowDriver:
     sets ``in_pass``; the optimizer calls ``attach_stepping``,
     ``install_gather_waits``, ``wait``, ``finish``, ``wait_gradients``,
     ``gather_gradients``, ``stepped`` and reads ``phase``, ``waited``,
-    ``local_used``. The driver calls neither of them."""
+    ``gradients_whole``, ``local_used``. The driver calls neither of them."""
 
     def __init__(self, context, store, window, *, module, params, names, rank, world_size,
                  broadcast_buffers, accumulate_dtype, collectives=shard):
@@ -68,11 +83,9 @@ class WindowDriver:
         self.stepping = False    # an optimizer steps between start and the waits
         self.overlap_step = False
         self._whole_rule = True
-        self.buckets = 0
-        self.phase = Phase.IDLE
-        self.waited = set()      # buckets waited this window
-        self.gathering = set()   # buckets whose parameter gather is in flight
-        self.whole = True        # every .grad holds the whole reduced gradient (once waited)
+        self.buckets = 0         # the plan's count (frozen once built), read at attach_stepping
+        # The step's one fact (see the module docstring): None, _DUE or _TAKEN.
+        self._step = None
         self.local_used = None   # this rank's used mask at the window's last pass
         self._hooks = []
         self._patched = []       # modules whose named_parameters() waits for the gathers
@@ -86,6 +99,29 @@ class WindowDriver:
         (sf_synchronize_start, ``REDUCING``) included: the plugin counts it
         at its sf_synchronize (``finish``)."""
         return self.context.stats()["windows_completed"] + (self.phase == Phase.REDUCING)
+
+    @property
+    def phase(self):
+        """The step's fact (kept here) with the plugin's answer: a window
+        whose step is due is ``REDUCING`` while sf_window_state says its
+        reductions are under way (no sf_synchronize completed it), else
+        ``SYNCHRONIZED``."""
+        if self._step is None:
+            return Phase.IDLE
+        if self._step is _TAKEN:
+            return Phase.STEPPED
+        return (Phase.REDUCING if self.context.window_state()["synchronizing"]
+                else Phase.SYNCHRONIZED)
+
+    def waited(self, b):
+        """Bucket ``b``'s reduction of this window is waited for and in place
+        (sf_bucket_state "reduced"), asked."""
+        return self.context.bucket_state(b) == "reduced"
+
+    def _gathering(self, buckets):
+        """Those of ``buckets`` whose parameter gather is in flight (sf_bucket_state
+        "gathering": started, not waited), asked."""
+        return [b for b in buckets if self.context.bucket_state(b) == "gathering"]
 
     @property
     def shard_layout(self):
@@ -103,7 +139,10 @@ class WindowDriver:
 
     @property
     def gradients_whole(self):
-        return not self.sharded or self.whole
+        """Every ``.grad`` holds the whole reduced gradient once waited:
+        unsharded, or the plugin says this window's were gathered whole
+        (sf_window_state, after sf_gather_gradients)."""
+        return not self.sharded or self.context.window_state()["gradients_whole"]
 
     def zero_grad(self, set_to_none):
         self.store.zero_grad(set_to_none)
@@ -142,35 +181,32 @@ class WindowDriver:
             self.store.after_plugin()  # the current stream after the reduction
             self.publish()
             return
-        self.gathering.clear()  # the plugin waits for last window's gathers itself
+        # (the plugin waits for the last window's parameter gathers itself)
         self._collectives.synchronize_start(self.context)
-        self.phase = Phase.REDUCING
-        self.waited = set()
-        self.whole = not self.sharded
+        self._step = _DUE
         if not self.overlap_step:
             rule = self._whole_rule
             self.finish(whole=bool(rule() if callable(rule) else rule))
 
     def fail_window(self):
         """The window's synchronization failed and the plugin ended it (a
-        weighted window of global weight 0): nothing to wait for, no step."""
-        self.waited = set(range(self.buckets))
-        self.phase = Phase.IDLE
+        weighted window of global weight 0): nothing to wait for (its buckets
+        are reduced: the plugin summed them), no step."""
+        self._step = None
 
     def begin_window(self):
         """A new window starts (forward at its start): a window that was
         closed without a step is synchronized now (the step is skipped)."""
         if self.phase == Phase.REDUCING:
             self.finish()
-        self.phase = Phase.IDLE
+        self._step = None
 
     # -- the waits
 
     def wait(self, b):
-        if b not in self.waited:
+        if not self.waited(b):
             self._collectives.wait_bucket(self.context, b)
             self.store.after_plugin()  # the optimizer's stream after the reduction
-            self.waited.add(b)
 
     def wait_gradients(self):
         """Wait for every bucket's reduction now, if the window is reducing."""
@@ -191,20 +227,18 @@ class WindowDriver:
                 self.fail_window()
             raise
         self.store.after_plugin()  # the optimizer's stream after the reductions
-        self.waited = set(range(self.buckets))
         if self.sharded and self.store.mask is not None:
             self.wait_parameters()
             self._collectives.allreduce_float64(self.context, self.store.mask)
         if self.sharded and whole:
             self.gather_gradients()
         self.publish()
-        self.phase = Phase.SYNCHRONIZED
+        self._step = _DUE  # SYNCHRONIZED: the plugin completed the window
 
     def gather_gradients(self):
         """Sharded: every ``.grad`` the whole reduced gradient (sf_gather_gradients)."""
         self._collectives.gather_gradients(self.context)
         self.store.after_plugin()
-        self.whole = True
 
     def publish(self):
         """Every bucket reduced: accumulated parameters' .grad, unused
@@ -230,29 +264,22 @@ class WindowDriver:
             # every other's. The same order on every rank.
             for b in reversed(range(self.buckets)):
                 self._collectives.start_gather(self.context, b)
-                self.gathering.add(b)
-        self.phase = Phase.STEPPED if self.sharded else Phase.IDLE
+        self._step = _TAKEN if self.sharded else None
 
     # -- the parameter gathers (sharded)
 
     def wait_parameters(self):
         """Wait for every parameter gather in flight: afterwards every
         parameter is whole on this rank."""
-        if self.gathering:
+        if self._gathering(range(self.buckets)):
             self._collectives.wait_gather(self.context, -1)
             self.store.after_gather()
-            self.gathering.clear()
 
     def wait_gathers(self, buckets):
-        if not self.gathering:
-            return
-        waited = False
-        for b in buckets:
-            if b in self.gathering:
-                self._collectives.wait_gather(self.context, b)
-                self.gathering.discard(b)
-                waited = True
-        if waited:  # the forward's stream waits for them on the device
+        in_flight = self._gathering(buckets)
+        for b in in_flight:
+            self._collectives.wait_gather(self.context, b)
+        if in_flight:  # the forward's stream waits for them on the device
             self.store.after_gather()
 
     def install_gather_waits(self, bucket_of, overlap):

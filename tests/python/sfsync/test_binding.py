@@ -73,7 +73,8 @@ def c_pointers():
             "sf_launch_info*": c.POINTER(sfsync.LaunchInfo),
             "int64_t*": c.POINTER(c.c_int64), "uint64_t*": c.POINTER(c.c_uint64),
             "double*": c.POINTER(c.c_double), "const double*": c.POINTER(c.c_double),
-            "void**": c.POINTER(c.c_void_p), "sf_dtype*": c.POINTER(c.c_int32)}
+            "void**": c.POINTER(c.c_void_p), "sf_dtype*": c.POINTER(c.c_int32),
+            "int32_t*": c.POINTER(c.c_int32)}
 
 
 def c_type(decl):
@@ -742,6 +743,32 @@ class StatsAndBuffers(unittest.TestCase):
             # World size 1: the local reduction is a collective, but nothing travels.
             self.assertEqual({k: v for k, v in s.items() if k.startswith("wire_")},
                              {k: 0 for k in sfsync.STATS_KEYS if k.startswith("wire_")})
+
+    def test_bucket_and_window_states_are_the_plugins(self):
+        """Context.bucket_state / bucket_states / window_state (Since 0.5):
+        the plugin's record of one window, asked through the binding."""
+        with local_context(first_bucket_cap_mb=0.003, bucket_cap_mb=0.008) as ctx:
+            for n in (1000, 1000, 1000):
+                ctx.add_gradient(n)
+            self.assertEqual(ctx.bucket_states(), [])
+            self.assertEqual(ctx.window_state(), {"synchronizing": False,
+                                                  "gradients_whole": False})
+            refused = ErrorMapping.assert_sf_error
+            refused(self, sfsync.InvalidStateError, r"^sf_bucket_state: the buckets are not built",
+                    ctx.bucket_state, 0)
+            ctx.build_buckets()
+            self.assertEqual(ctx.bucket_states(), ["idle", "idle"])
+            ctx.grad_ready(1)  # bucket 1 holds gradients 1 and 0
+            self.assertEqual(ctx.bucket_states(), ["idle", "filling"])
+            ctx.grad_ready(2)  # completes bucket 0: it starts
+            self.assertEqual(ctx.bucket_states(), ["reducing", "filling"])
+            self.assertTrue(ctx.window_state()["synchronizing"])
+            ctx.synchronize()
+            self.assertEqual(ctx.bucket_states(), ["reduced", "reduced"])
+            self.assertEqual(ctx.window_state(), {"synchronizing": False,
+                                                  "gradients_whole": True})
+            refused(self, sfsync.InvalidArgumentError, r"^sf_bucket_state: index = 2 is not a "
+                    r"bucket \(0..1\)", ctx.bucket_state, 2)
 
     def test_buckets_reverse_order_and_caps(self):
         # 3 x 4000 B, registered 0, 1, 2: gradient 2 (ready first in a

@@ -7,6 +7,8 @@
 * every module is at most 500 lines, with no waiver (issue 44, item 5);
 * GradientSync and SyncOptimizer never call each other: both call the
   WindowDriver (issue 44, item 2);
+* the bucket and window states have one holder, the plugin: no module
+  stores them (the WindowDriver asks sf_bucket_state / sf_window_state);
 * the shard setting has one holder, the C context: no module stores it
   again (issue 44, item 1);
 * SyncOptimizer sets no private attribute of torch.optim.Optimizer by hand
@@ -189,6 +191,35 @@ class Rooms(unittest.TestCase):
                         node.func.id == "getattr" and len(node.args) > 1 and \
                         isinstance(node.args[1], ast.Constant) and node.args[1].value == "_sharded":
                     found.append("%s:%d getattr(..., '_sharded')" % (rel, node.lineno))
+        self.assertEqual(found, [])
+
+    def test_the_bucket_states_have_one_holder(self):
+        """The plugin holds every bucket's state and the window's (issue 44,
+        item 1: sf_bucket_state, sf_window_state): no module keeps them
+        again, by assigning an attribute that named them in 0.4
+        (``phase``, ``waited``, ``gathering``, ``whole``, with or without
+        a leading underscore) or by adding to or clearing one; the driver
+        asks ``Context.bucket_state`` / ``window_state`` instead."""
+        names = {"phase", "waited", "gathering", "whole"}
+        names |= {"_" + n for n in names}
+        found = []
+        for rel, path in _modules(PACKAGE):
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                targets = (node.targets if isinstance(node, ast.Assign) else
+                           [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                           else [])
+                for t in targets:
+                    for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                        if isinstance(e, ast.Attribute) and e.attr in names:
+                            found.append("%s:%d assigns .%s" % (rel, node.lineno, e.attr))
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                        node.func.attr in ("add", "discard", "clear", "update", "remove") and \
+                        isinstance(node.func.value, ast.Attribute) and \
+                        node.func.value.attr in names:
+                    found.append("%s:%d .%s.%s()" % (rel, node.lineno, node.func.value.attr,
+                                                     node.func.attr))
         self.assertEqual(found, [])
 
     def test_gradient_sync_and_the_optimizer_never_call_each_other(self):
