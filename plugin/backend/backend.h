@@ -174,11 +174,16 @@ class Backend : public MemoryOps {
   }
   // How the bytes travel, for the wire counts (sf_stats.wire_*): the dtype a
   // bucket all-reduce of `dtype` puts on the wire (Gloo: wire_dtype for
-  // float32), and whether a reduce-scatter or all-gather moves the padding
-  // that ReduceSpec::segmentUsed marks (Gloo leaves it off; NCCL too since
-  // 0.5, unless its module predates the entries that do it).
+  // float32), and whether this reduce-scatter or all-gather (`spec`, its
+  // segments of `segmentElems`) moves the padding that
+  // ReduceSpec::segmentUsed marks (Gloo leaves it off; NCCL too since 0.5
+  // where the padding is a sizeable share, unless its module predates the
+  // entries that do it).
   virtual sf_dtype allreduceWireDtype(sf_dtype dtype) const { return dtype; }
-  virtual bool movesPadding() const { return true; }
+  virtual bool movesPadding(const ReduceSpec& spec, int64_t segmentElems) const {
+    (void)spec, (void)segmentElems;
+    return true;
+  }
   // SF_ERR_INVALID_ARGUMENT unless [p, p + bytes) is memory this backend
   // reduces in place (a device backend: this rank's GPU). Host memory: anything.
   virtual void checkDeviceMemory(const void* p, size_t bytes) { (void)p, (void)bytes; }

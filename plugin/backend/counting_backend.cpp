@@ -77,7 +77,7 @@ std::unique_ptr<Work> CountingBackend::startAllreduce(void* data, int64_t numel,
 WireCounts CountingBackend::segmentPayload(BucketCollective kind, int64_t segmentElems,
                                            sf_dtype dtype, const ReduceSpec& spec) const {
   return bucketPayload(kind, segmentElems, world_, int64_t(dtypeSize(dtype)),
-                       inner_->movesPadding(), spec);
+                       inner_->movesPadding(spec, segmentElems), spec);
 }
 
 std::unique_ptr<Work> CountingBackend::startReduceScatter(void* data, int64_t segmentElems,

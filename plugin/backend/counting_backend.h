@@ -83,7 +83,9 @@ class CountingBackend : public Backend {
   void adopt(void* comm) override { inner_->adopt(comm); }
   void checkDeviceMemory(const void* p, size_t bytes) override { inner_->checkDeviceMemory(p, bytes); }
   sf_dtype allreduceWireDtype(sf_dtype dtype) const override { return inner_->allreduceWireDtype(dtype); }
-  bool movesPadding() const override { return inner_->movesPadding(); }
+  bool movesPadding(const ReduceSpec& spec, int64_t segmentElems) const override {
+    return inner_->movesPadding(spec, segmentElems);
+  }
 
   void* allocate(size_t bytes) override { return inner_->allocate(bytes); }
   void deallocate(void* p) noexcept override { inner_->deallocate(p); }

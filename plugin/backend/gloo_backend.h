@@ -85,7 +85,9 @@ class GlooBackend : public Backend {
     return dtype == SF_DTYPE_FLOAT32 && opts_.wire_dtype != SF_DTYPE_FLOAT32 ? opts_.wire_dtype
                                                                              : dtype;
   }
-  bool movesPadding() const override { return false; }  // slicePiece: used elements and tails
+  bool movesPadding(const ReduceSpec&, int64_t) const override {
+    return false;  // slicePiece: used elements and tails
+  }
 
  private:
   void connectHere();  // on the worker thread

@@ -203,12 +203,17 @@ std::vector<int64_t> NcclBackend::paddedUsed(const ReduceSpec& spec, int64_t dat
   const std::vector<int64_t>& used = spec.segmentUsed;
   if (!movesOnlyUsed() || used.size() != size_t(opts_.world_size)) return {};
   std::vector<int64_t> clamped(used.size());
-  bool padded = false;
+  int64_t padding = 0;
   for (size_t r = 0; r < used.size(); ++r) {
     clamped[r] = std::max<int64_t>(0, std::min(used[r], dataEnd));
-    padded = padded || clamped[r] < dataEnd;
+    padding += dataEnd - clamped[r];
   }
-  return padded ? clamped : std::vector<int64_t>{};
+  return padding * 16 > int64_t(used.size()) * dataEnd ? clamped : std::vector<int64_t>{};
+}
+
+bool NcclBackend::movesPadding(const ReduceSpec& spec, int64_t segmentElems) const {
+  const int64_t dataEnd = spec.scaledElems < 0 ? segmentElems : std::min(spec.scaledElems, segmentElems);
+  return paddedUsed(spec, dataEnd).empty();
 }
 
 std::unique_ptr<Work> NcclBackend::startReduceScatter(void* data, int64_t segmentElems,

@@ -53,7 +53,7 @@ class NcclBackend : public Backend {
   std::unique_ptr<Work> startAllgather(void* data, int64_t segmentElems, sf_dtype dtype,
                                        ReduceSpec spec) override;
   // False where the module has the 0.5 entries (the padding stays off).
-  bool movesPadding() const override { return !movesOnlyUsed(); }
+  bool movesPadding(const ReduceSpec& spec, int64_t segmentElems) const override;
   // A goodbye through the rendezvous store, not a collective: publishes
   // "nccl_bye/<rank>" and waits (at most min(timeout_ms, 10 s)) until every
   // rank published its own, so that the communicator is torn down once no
@@ -91,8 +91,12 @@ class NcclBackend : public Backend {
   // Whether the module's table has reduce_scatter_used_start and
   // allgather_used_start (since 0.5; the table carries its size).
   bool movesOnlyUsed() const;
-  // spec.segmentUsed clamped to [0, dataEnd] when a segment has padding
-  // before dataEnd and the module can leave it off; empty: whole segments.
+  // spec.segmentUsed clamped to [0, dataEnd] when the segments' padding
+  // before dataEnd is more than a sixteenth of them (uneven shards: the
+  // parameter layout) and the module can leave it off; empty: whole
+  // segments, one ncclReduceScatter / ncclAllGather (a flat layout's last
+  // segment, short by fewer than world elements: W grouped calls would cost
+  // more than its padding).
   std::vector<int64_t> paddedUsed(const ReduceSpec& spec, int64_t dataEnd) const;
   void check(int32_t status, const sfn_error& err) const;
 

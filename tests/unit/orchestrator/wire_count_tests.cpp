@@ -44,7 +44,7 @@ class TransportBackend : public RecordingBackend {
   sf_dtype allreduceWireDtype(sf_dtype dtype) const override {
     return dtype == SF_DTYPE_FLOAT32 && wire_ != SF_DTYPE_FLOAT32 ? wire_ : dtype;
   }
-  bool movesPadding() const override { return padding_; }
+  bool movesPadding(const ReduceSpec&, int64_t) const override { return padding_; }
 
   std::unique_ptr<Work> startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                        ReduceSpec spec) override {
