@@ -293,7 +293,10 @@ class GradientSync(WindowFace, Weighing):
             self._driver.wait_parameters()  # the digest reads every parameter
         if self._window_start():
             self._driver.begin_window()
-            self.store.attach_grads()
+            # A .grad set to None (torch 2.x's zero_grad) stays None: the
+            # window's first pass hands its fresh gradient to the view at
+            # the hook (one copy), not zero + accumulate (two passes more).
+            self.store.attach_grads(defer_none=True)
             # Before the window's first forward moves a buffer (BatchNorm
             # statistics: each rank's own batches), while every rank still
             # holds the buffers broadcast after the last window.
@@ -332,6 +335,8 @@ class GradientSync(WindowFace, Weighing):
 
     def _end_pass(self):
         self._driver.in_pass = False
+        if self.store.deferred:
+            self.store.attach_deferred()  # the first pass's unused: from zero
         if self._track_unused:
             # Parameters without a gradient in this pass are final too: report
             # them (their buckets can go), then the mask.

@@ -126,8 +126,10 @@ class GradientStore:
         self.context = context
         self.accumulate_dtype = accumulate_dtype
         self.acc = [accumulate_dtype is not None and p.dtype != accumulate_dtype for p in params]
+        self.deferred = []  # parameters whose view attaches at the first pass (attach_grads)
         # The device-specific part (pointer, stream, event): sfsync/torch/device.py.
         self.ops = device_ops_for(params, names, device_ops)
+        self.on_host = type(self.ops) is _device_ops.CpuOps  # no streams: grad_ready is the call alone
         self.sync_stream = None  # the stream given to sf_set_cuda_stream (None: host)
         self.params, self.names = params, names
         self.flat_buffer, self.track_unused = flat_buffer, track_unused
@@ -212,7 +214,11 @@ class GradientStore:
 
     def grad_ready(self, tensor, gid):
         """sf_grad_ready(gid) once ``tensor`` (a gradient, the mask) is final
-        on the stream autograd used: the sync stream waits for it first."""
+        on the stream autograd used: the sync stream waits for it first
+        (host memory: nothing to order, the call alone)."""
+        if self.on_host:
+            self.context.grad_ready(gid)
+            return
         event = self.ops.grad_ready(tensor, self.sync_stream)
         self.context.grad_ready(gid)
         self.ops.release(event)  # (the wait is queued: CUDA allows it)
@@ -248,7 +254,12 @@ class GradientStore:
         if self.acc[i]:
             return True
         g = self.params[i].grad
-        return g is not None and g.data_ptr() == self.views[i].data_ptr()
+        if g is None:
+            return False
+        view = self.views[i]
+        # (torch hands back the tensor object that was assigned: ``is`` is
+        # the common answer, the pointers the general one)
+        return g is view or g.data_ptr() == view.data_ptr()
 
     def take_micro(self, i):
         """At parameter i's grad-ready: an accumulated parameter's ``.grad``
@@ -274,6 +285,17 @@ class GradientStore:
             if self.acc[i]:
                 p.grad = self.views[i].to(p.dtype)
 
+    def attach_deferred(self):
+        """After the window's first pass: a parameter whose ``.grad`` was None
+        at the window's start (``attach_grads(defer_none=True)``) and got no
+        gradient in that pass starts its view from zero now, so that a later
+        pass accumulates into it (the others were adopted at their hook: the
+        pass's fresh gradient copied in, no zeroing, as DDP's first pass)."""
+        for i in self.deferred:
+            if not self.grad_is_view(i):
+                self.adopt_grad(i)
+        self.deferred = []
+
     def adopt_grad(self, i):
         """Parameter i's ``.grad`` is not its view: copy it in (a fresh
         tensor autograd made) and make the view its ``.grad`` again; None
@@ -287,7 +309,7 @@ class GradientStore:
             view.copy_(g)
             p.grad = view
 
-    def attach_grads(self):
+    def attach_grads(self, defer_none=False):
         """At a window's start: every ``.grad`` is its view again (see
         adopt_grad). An accumulated parameter's accumulator starts from its
         ``.grad`` as the host left it, as torch's own accumulation would:
@@ -295,9 +317,13 @@ class GradientStore:
         model's ``zero_grad()``, ``sync.zero_grad``) or zeroed it in place,
         from the published gradient where the host kept it; then its
         ``.grad`` is None (the window's first micro-batch gets a fresh one)."""
+        self.deferred = []
         for i, p in enumerate(self.params):
             if not self.acc[i]:
-                self.adopt_grad(i)
+                if defer_none and p.grad is None:
+                    self.deferred.append(i)
+                else:
+                    self.adopt_grad(i)
                 continue
             if p.grad is None:
                 self.views[i].zero_()

@@ -156,6 +156,48 @@ class FlatBufferViews(unittest.TestCase):
             for a, b in zip(model.parameters(), twin.parameters()):
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
+    def test_first_pass_adopts_fresh_gradients(self):
+        """After zero_grad(set_to_none=True) the next window's .grad stays
+        None through its first forward (nothing zeroed); each gradient of the
+        first pass is copied into its view at its hook (as DDP's first pass
+        does), and a parameter that pass did not use starts from zero at the
+        pass's end: a branch used only from the second micro-batch on sums
+        as torch's own accumulation, over windows whose buffer held the last
+        window's reduced gradients."""
+        class TwoBranches(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(3)
+                self.a, self.b = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3)
+
+            def forward(self, x, use_b):
+                return self.a(x) + (self.b(x) if use_b else 0)
+
+        for kwargs in (LOCAL, PLAIN):
+            model, twin = TwoBranches(), TwoBranches()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            topt = torch.optim.SGD(twin.parameters(), lr=0.1)
+            with sfsync_torch.GradientSync(model, accumulation_steps=3, **kwargs) as sync:
+                for window in range(3):
+                    for micro in range(3):
+                        x = data(3 * window + micro)
+                        out = model(x, use_b=micro > 0)
+                        if micro == 0 and window > 0:
+                            for p in model.parameters():
+                                self.assertIsNone(p.grad)  # not attached at the forward
+                        out.sum().backward()
+                        twin(x, use_b=micro > 0).sum().backward()
+                    self.assertTrue(sync.is_step())
+                    for gid, p, q in zip(sync._ids, model.parameters(), twin.parameters()):
+                        self.assertEqual(p.grad.data_ptr(), sync.context.gradient_data(gid))
+                        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6)
+                    opt.step()
+                    topt.step()
+                    opt.zero_grad(set_to_none=True)
+                    topt.zero_grad(set_to_none=True)
+                for a, b in zip(model.parameters(), twin.parameters()):
+                    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
     def test_grad_replaced_inside_a_window_fails_loudly(self):
         model = mlp()
         with sfsync_torch.GradientSync(model, **LOCAL) as sync:
