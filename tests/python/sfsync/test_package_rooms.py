@@ -97,6 +97,30 @@ def violations(root=PACKAGE):
     return found
 
 
+
+_STATE_NAMES = {"phase", "waited", "gathering", "whole"}
+_STATE_NAMES |= {"_" + n for n in _STATE_NAMES}
+
+
+def _state_copies(rel, tree):
+    """Where a module stores a bucket or window state again (the names
+    0.4's WindowDriver kept): assignments, and add/discard/clear calls."""
+    found = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for t in targets:
+            for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(e, ast.Attribute) and e.attr in _STATE_NAMES:
+                    found.append("%s:%d assigns .%s" % (rel, node.lineno, e.attr))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("add", "discard", "clear", "update", "remove") and \
+                isinstance(node.func.value, ast.Attribute) and \
+                node.func.value.attr in _STATE_NAMES:
+            found.append("%s:%d .%s.%s()" % (rel, node.lineno, node.func.value.attr,
+                                             node.func.attr))
+    return found
+
 class Rooms(unittest.TestCase):
     def test_no_module_touches_anothers_private_members(self):
         found = violations()
@@ -200,27 +224,16 @@ class Rooms(unittest.TestCase):
         (``phase``, ``waited``, ``gathering``, ``whole``, with or without
         a leading underscore) or by adding to or clearing one; the driver
         asks ``Context.bucket_state`` / ``window_state`` instead."""
-        names = {"phase", "waited", "gathering", "whole"}
-        names |= {"_" + n for n in names}
         found = []
         for rel, path in _modules(PACKAGE):
             with open(path) as f:
-                tree = ast.parse(f.read())
-            for node in ast.walk(tree):
-                targets = (node.targets if isinstance(node, ast.Assign) else
-                           [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
-                           else [])
-                for t in targets:
-                    for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                        if isinstance(e, ast.Attribute) and e.attr in names:
-                            found.append("%s:%d assigns .%s" % (rel, node.lineno, e.attr))
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                        node.func.attr in ("add", "discard", "clear", "update", "remove") and \
-                        isinstance(node.func.value, ast.Attribute) and \
-                        node.func.value.attr in names:
-                    found.append("%s:%d .%s.%s()" % (rel, node.lineno, node.func.value.attr,
-                                                     node.func.attr))
+                found += _state_copies(rel, ast.parse(f.read()))
         self.assertEqual(found, [])
+        # The rule sees what 0.4's driver did.
+        old = "self.waited = set()\nself.gathering.add(b)\nself.phase, x = 1, 2\n"
+        self.assertEqual(sorted(_state_copies("old.py", ast.parse(old))),
+                         ["old.py:1 assigns .waited", "old.py:2 .gathering.add()",
+                          "old.py:3 assigns .phase"])
 
     def test_gradient_sync_and_the_optimizer_never_call_each_other(self):
         """One driver (torch/window_driver.py) sequences the window's
