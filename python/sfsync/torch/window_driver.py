@@ -51,8 +51,8 @@ class Phase(enum.Enum):
     """Where the window's collectives are in their cycle (WindowDriver.phase:
     the step's fact, kept by the driver, with the plugin's answer)."""
     IDLE = "idle"                  # no window closed since the last step
-    REDUCING = "reducing"          # the window's collectives started, not all waited
-    SYNCHRONIZED = "synchronized"  # every bucket waited: gradients final
+    REDUCING = "reducing"          # the window's collectives started, not synchronized
+    SYNCHRONIZED = "synchronized"  # sf_synchronize completed it: gradients final
     STEPPED = "stepped"            # sharded: stepped, its gathers started
 
 
