@@ -293,10 +293,7 @@ class GradientSync(WindowFace, Weighing):
             self._driver.wait_parameters()  # the digest reads every parameter
         if self._window_start():
             self._driver.begin_window()
-            # A .grad set to None (torch 2.x's zero_grad) stays None: the
-            # window's first pass hands its fresh gradient to the view at
-            # the hook (one copy), not zero + accumulate (two passes more).
-            self.store.attach_grads(defer_none=True)
+            self.store.attach_grads(defer_none=True)  # (a None .grad: adopted at its hook)
             # Before the window's first forward moves a buffer (BatchNorm
             # statistics: each rank's own batches), while every rank still
             # holds the buffers broadcast after the last window.

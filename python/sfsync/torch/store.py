@@ -316,7 +316,11 @@ class GradientStore:
         from zero where the host set it to None (a torch optimizer's or
         model's ``zero_grad()``, ``sync.zero_grad``) or zeroed it in place,
         from the published gradient where the host kept it; then its
-        ``.grad`` is None (the window's first micro-batch gets a fresh one)."""
+        ``.grad`` is None (the window's first micro-batch gets a fresh one).
+        ``defer_none``: a ``.grad`` set to None (torch 2.x's ``zero_grad``)
+        stays None; the first pass's hook copies autograd's fresh gradient
+        into the view (one copy, not a zeroing and an addition), and
+        ``attach_deferred`` zeroes those of parameters that pass left unused."""
         self.deferred = []
         for i, p in enumerate(self.params):
             if not self.acc[i]:
