@@ -12,7 +12,8 @@ backward and the next forward goes.
   (issue 44, item 1): a caller's context, and any host's, gets it too; an
   explicit cap or ``SF_BUCKET_CAP_MB`` keep theirs.
 * The shard setting has one holder, the context: GradientSync, its driver,
-  store and optimizer ask it.
+  store and optimizer ask it; so do the bucket and window states (the
+  driver asks sf_bucket_state and sf_window_state).
 
 One rank (the order and the plan are the same at any world size); seconds.
 
@@ -113,6 +114,34 @@ class ShardedSchedule(unittest.TestCase):
 
     def test_gathers_start_after_every_step_in_forward_order_final_gradients(self):
         self.check_forward_order(False)
+
+    def test_the_driver_answers_what_the_plugin_holds(self):
+        """Issue 44: the window's collective state is the plugin's
+        (sf_bucket_state, sf_window_state); the driver asks it at each
+        point of a sharded window and keeps no copy."""
+        from sfsync.torch.window_driver import Phase
+        width = 16
+        model = layers(2, width)
+        sync, opt = self.make(model, overlap_step=True, bucket_cap_mb=1e-6,
+                              first_bucket_cap_mb=1e-6)
+        driver, ctx = sync._driver, sync.context
+        n = sync.stats()["bucket_count"]
+        for g in range(2):
+            x = torch.randn(3, width, generator=torch.Generator().manual_seed(g))
+            model(x).sum().backward()
+        self.assertTrue(sync.is_step())
+        self.assertEqual(ctx.bucket_states(), ["reducing"] * n)
+        self.assertEqual(ctx.window_state(), {"synchronizing": True, "gradients_whole": False})
+        self.assertEqual((driver.phase, opt.gradients_whole), (Phase.REDUCING, False))
+        self.assertEqual([driver.waited(b) for b in range(n)], [False] * n)
+        opt.step()  # each bucket waited and stepped, sf_synchronize, the gathers started
+        self.assertEqual(ctx.bucket_states(), ["gathering"] * n)
+        self.assertEqual(ctx.window_state(), {"synchronizing": False, "gradients_whole": False})
+        self.assertEqual((driver.phase, opt.gradients_whole), (Phase.STEPPED, False))
+        opt.wait_parameters()
+        self.assertEqual(ctx.bucket_states(), ["gathered"] * n)
+        self.assertEqual(driver.phase, Phase.STEPPED)  # the step's fact: the driver's own
+        self.assertEqual({"phase", "waited", "gathering", "whole"} & set(vars(driver)), set())
 
     def test_default_cap_is_an_eighth_of_the_gradients(self):
         model = layers(32, 512)  # 32 x (1 MiB + 2 KiB): the cap is 4.0 MiB
