@@ -5,8 +5,10 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <atomic>
 #include <initializer_list>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/thread_ranks.h"
@@ -145,6 +147,46 @@ BOOST_AUTO_TEST_CASE(bad_input_names_the_argument_and_leaves_the_output) {
   BOOST_TEST(s == -7);
   BOOST_TEST(sf_bucket_state(t.h.ctx, 1, &s) == SF_OK);
   BOOST_TEST(s == SF_BUCKET_IDLE);
+}
+
+BOOST_AUTO_TEST_CASE(read_beside_the_window_calls_one_rank) {
+  // A reader asks while the host reports gradients and synchronizes (as
+  // sf_bucket_info may run beside any call): every answer is a state, every
+  // status SF_OK, and the windows complete (under TSan: no race).
+  TwoBuckets t(true);
+  BOOST_REQUIRE(sf_build_buckets(t.h.ctx) == SF_OK);
+  std::atomic<bool> done{false};
+  std::atomic<int> bad{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      int32_t s = -1, f = -1;
+      for (int64_t i = 0; i < 2; ++i) {
+        if (sf_bucket_state(t.h.ctx, i, &s) != SF_OK || s < SF_BUCKET_IDLE ||
+            s > SF_BUCKET_GATHERED) {
+          bad.fetch_add(1);
+        }
+      }
+      if (sf_window_state(t.h.ctx, &f) != SF_OK || f < 0 ||
+          f > (SF_WINDOW_SYNCHRONIZING | SF_WINDOW_GRADIENTS_WHOLE)) {
+        bad.fetch_add(1);
+      }
+    }
+  });
+  for (int w = 0; w < 200; ++w) {
+    if (sf_grad_ready(t.h.ctx, t.w) != SF_OK || sf_synchronize_start(t.h.ctx) != SF_OK ||
+        sf_synchronize(t.h.ctx) != SF_OK || sf_gather_gradients(t.h.ctx) != SF_OK ||
+        sf_start_gather(t.h.ctx, -1) != SF_OK) {
+      bad.fetch_add(1000);
+      break;
+    }
+  }
+  done.store(true);
+  reader.join();
+  BOOST_TEST(bad.load() == 0, sf_last_error());
+  sf_stats st{};
+  st.struct_size = sizeof st;
+  BOOST_REQUIRE(sf_get_stats(t.h.ctx, &st) == SF_OK);
+  BOOST_TEST(st.windows_completed == 200);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
