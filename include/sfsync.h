@@ -598,6 +598,23 @@ SF_API sf_status sf_window_state(const sf_context* ctx, int32_t* flags);
  */
 SF_API sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed);
 
+/**
+ * A window that the host reduced through its own collectives ended (a DDP
+ * communication hook sent its last pass, sfsync.torch's attach): count it,
+ * as sf_synchronize counts the windows it reduces. sf_stats.windows_completed
+ * goes up by one and the window number goes on (the next window is one
+ * more); nothing is sent. The plugin then holds such a host's window count
+ * too, and sf_restore_windows continues it after a restart.
+ *
+ * SF_ERR_INVALID_STATE, changing nothing: inside an accumulation window
+ * (sf_end_accumulation first: the window's last pass is still to come), or
+ * on a context with registered gradients (sf_synchronize reduces and counts
+ * their windows; counting one here as well would put the window numbers its
+ * out-of-step check compares apart). A window call (see the conventions at
+ * the top). Local: no communication. Since 0.5.
+ */
+SF_API sf_status sf_count_window(sf_context* ctx);
+
 /* ---- Weighted windows (Since 0.4) ---------------------------------------
  *
  * Per-token (or per-sample) normalization across a whole window and every

@@ -233,6 +233,10 @@ sf_status sf_restore_windows(sf_context* ctx, int64_t windows_completed) {
   return guard("sf_restore_windows", [&] { checked(ctx).restoreWindows(windows_completed); });
 }
 
+sf_status sf_count_window(sf_context* ctx) {
+  return guard("sf_count_window", [&] { checked(ctx).countHostWindow(); });
+}
+
 sf_status sf_add_window_weight(sf_context* ctx, double weight) {
   return guard("sf_add_window_weight", [&] { checked(ctx).addWindowWeight(weight); });
 }

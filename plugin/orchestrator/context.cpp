@@ -249,6 +249,26 @@ void Context::restoreWindows(int64_t windowsCompleted) {
                           "window is number " << windowsCompleted + 1);
 }
 
+void Context::countHostWindow() {
+  std::lock_guard<std::mutex> lock(windowMutex_);  // a window call (context.h, "Threads")
+  if (clock_.inWindow()) {
+    fail(SF_ERR_INVALID_STATE,
+         "sf_count_window inside an accumulation window (window " + std::to_string(clock_.current()) +
+             "): its last pass is still to come; call sf_end_accumulation first");
+  }
+  const int64_t registered = gradientsRegistered();
+  if (registered > 0) {
+    fail(SF_ERR_INVALID_STATE,
+         "sf_count_window on a context with " + std::to_string(registered) +
+             " registered gradients: sf_synchronize reduces and counts their windows; "
+             "sf_count_window is for a host that reduces its windows with its own collectives");
+  }
+  const PassRef pass = clock_.claim();
+  clock_.passSynchronized(pass);
+  SF_LOG(kTrace, "window", "window " << pass.window << " reduced by the host: counted ("
+                           << clock_.windowsCompleted() << " completed)");
+}
+
 void Context::gradReady(int64_t id) {
   checkId(id);
   int64_t nth = 0;

@@ -106,6 +106,10 @@ class Context {
   // (the clock's restore). SF_ERR_INVALID_ARGUMENT for a negative count,
   // SF_ERR_INVALID_STATE once a window call or synchronization used the clock.
   void restoreWindows(int64_t windowsCompleted);
+  // sf_count_window: a window the host reduced itself ended; the clock
+  // counts it as synchronized. SF_ERR_INVALID_STATE inside a window or with
+  // registered gradients (their windows are sf_synchronize's to count).
+  void countHostWindow();
   // Something acts on this context's windows besides its registered
   // gradients (the shim for the default context, a host that asks
   // sf_in_accumulation): its windows are not "windows that affect nothing".

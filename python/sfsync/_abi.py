@@ -273,6 +273,7 @@ PROTOTYPES = {
                                     _c.POINTER(_c.c_int64), _c.POINTER(_c.c_int32)]),
     "sf_bucket_state": _fn(_STATUS, [_P, _c.c_int64, _c.POINTER(_c.c_int32)], "0.5"),
     "sf_window_state": _fn(_STATUS, [_P, _c.POINTER(_c.c_int32)], "0.5"),
+    "sf_count_window": _fn(_STATUS, [_P], "0.5"),
     "sf_restore_windows": _fn(_STATUS, [_P, _c.c_int64], "0.4"),
     "sf_add_window_weight": _fn(_STATUS, [_P, _c.c_double], "0.4"),
     "sf_add_window_sums": _fn(_STATUS, [_P, _c.POINTER(_c.c_double), _c.c_int32], "0.4"),

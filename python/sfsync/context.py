@@ -1,7 +1,6 @@
-"""The Pythonic layer over the binding: ``Context`` (an sf_context: its
-gradients as numpy views, the window as a context manager, stats as a dict,
-the host's key-value store as two Python callables), ``options()`` and
-``digest()``.
+"""The Pythonic layer over the binding: ``Context`` (an sf_context: its gradients
+as numpy views, the window as a context manager, stats as a dict, the host's
+key-value store as two Python callables), ``options()`` and ``digest()``.
 
 Responsible for: the context's lifetime and every call on it. Not
 responsible for: loading and errors (loader.py, errors.py), the declarations
@@ -421,12 +420,14 @@ class Context:
         lib().sf_get_stats(self.handle, ctypes.byref(out))
         return out.to_dict()
 
+    def count_window(self):
+        """sf_count_window (Since 0.5): count a window the host reduced (DDPSync)."""
+        lib().sf_count_window(self.handle)
+
     def restore_windows(self, windows_completed):
         """sf_restore_windows (Since 0.4): continue a saved run's window count
-        (its ``stats()["windows_completed"]``), on every rank with the same
-        number, before the first window or synchronization of this context.
-        Raises InvalidArgumentError for a negative count and
-        InvalidStateError once a window began or a synchronization ran."""
+        (its ``stats()["windows_completed"]``, the same on every rank) before
+        this context's first window or synchronization (else InvalidStateError)."""
         lib().sf_restore_windows(self.handle, int(windows_completed))
 
     # -- weighted windows (Since 0.4)

@@ -49,7 +49,7 @@ class HostWindow:
     """The window state of one host face; not thread-safe (a training loop
     is one thread)."""
 
-    def __init__(self, who, accumulation_steps=None, guess=None, counts_windows=True):
+    def __init__(self, who, accumulation_steps=None, guess=None, on_close=None):
         self.who = who
         self.accumulation_steps = accumulation_steps
         self.follows_steps = False  # the face sees the optimizer step: it ends a window
@@ -59,11 +59,11 @@ class HostWindow:
         self.lengths = collections.deque(maxlen=GUESS_HISTORY)  # passes per window, by steps
         self._next_steps = None
         self.passes = 0            # passes of the current window that ended
-        # Windows closed: counted only for a face whose windows the plugin does
-        # not synchronize (DDPSync: DDP reduces them through its own process
-        # group). None (``counts_windows=False``) where the plugin counts
-        # them, its one holder (GradientSync: sf_stats.windows_completed).
-        self.windows = 0 if counts_windows else None
+        # Windows are counted by the plugin, their one holder
+        # (sf_stats.windows_completed): at sf_synchronize (GradientSync), or,
+        # for a face whose windows the host reduces (DDPSync: DDP's own
+        # process group), by ``on_close`` (sf_count_window) as each ends.
+        self.on_close = on_close
         self.step_ready = False    # the window's last pass synchronized; no pass since
         self.host_signal = False   # the host used no_sync() at least once: it decides
         self._checked = False      # the first window decided by the host agreed with N
@@ -170,8 +170,8 @@ class HostWindow:
         self.pending = False
         self.passes = 0
         self._decided = None
-        if self.windows is not None:
-            self.windows += 1
+        if self.on_close is not None:
+            self.on_close()
         self.step_ready = True
 
     def fail_window(self):
@@ -180,8 +180,8 @@ class HostWindow:
         there is no step (is_step() stays False)."""
         self.passes = 0
         self._decided = None
-        if self.windows is not None:
-            self.windows += 1
+        if self.on_close is not None:
+            self.on_close()
         self.step_ready = False
 
     # -- the counter

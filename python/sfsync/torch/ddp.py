@@ -56,12 +56,14 @@ class DDPSync(WindowFace):
         self.group = ddp.process_group
         self.world_size = dist.get_world_size(self.group)
         refuse_python_reducer()
-        # Its HostWindow counts the windows (``windows``): DDP reduces them
-        # through its own process group (the comm hook, catch_up.py), and
-        # this context only sees begin/end, never a synchronization, so the
-        # plugin has none to count (sf_stats.windows_completed stays 0).
-        self._window = HostWindow("attach", accumulation_steps, guess)
+        # DDP reduces the windows through its own process group (the comm
+        # hook, catch_up.py); the context never synchronizes one, so each
+        # window's end is counted there (sf_count_window): the plugin holds
+        # the count (``windows``, sf_stats.windows_completed).
+        self._window = HostWindow("attach", accumulation_steps, guess,
+                                  on_close=self._count_window)
         self._owns_context = context is None
+        self._closed_windows = 0
         self.context = None
         self.context = context if context is not None else make_context(**options)
         self.deferred_buckets = 0
@@ -172,6 +174,16 @@ class DDPSync(WindowFace):
             window.close_window()
         return fut
 
+    def _count_window(self):
+        if self.context is not None:
+            self.context.count_window()
+
+    def _plugin_windows(self):
+        """The plugin's count; once closed, its last."""
+        if self.context is None:
+            return self._closed_windows
+        return self.context.stats()["windows_completed"]
+
     def before_step(self):
         """The host's optimizer is about to step (step_hook): the window
         ends; True if this DDP's .grad must be reduced first."""
@@ -219,6 +231,8 @@ class DDPSync(WindowFace):
             h.remove()
         self._handles = []
         _following.discard(self)
+        if self.context is not None:
+            self._closed_windows = self.context.stats()["windows_completed"]
         if self.context is not None and self._owns_context:
             ctx, self.context = self.context, None
             ctx.close()

@@ -69,17 +69,14 @@ class WindowFace:
 
     @property
     def windows(self):
-        """Windows synchronized (= optimizer steps). GradientSync's: the
-        plugin's count, its one holder (``_plugin_windows``:
-        sf_stats.windows_completed). DDPSync's: its HostWindow's, because DDP
-        reduces its windows through its own process group and the plugin
-        never synchronizes them, so it has none to count."""
-        if self._window.windows is None:
-            return self._plugin_windows()
-        return self._window.windows
+        """Windows synchronized (= optimizer steps): the plugin's count, its
+        one holder (``_plugin_windows``: sf_stats.windows_completed; counted
+        at sf_synchronize for GradientSync, by sf_count_window as each window
+        ends for DDPSync, whose windows DDP reduces)."""
+        return self._plugin_windows()
 
     def _plugin_windows(self):
-        raise NotImplementedError  # (a face whose HostWindow counts no window)
+        raise NotImplementedError
 
     @property
     def _passes(self):
@@ -145,32 +142,16 @@ class WindowFace:
                 "last_verified": self._last_verified,
                 "checks": self._verifier.checks if self._verifier is not None else 0}
 
-
-    def _restore_plugin_windows(self, who, windows, strict=False):
-        """The plugin's own count (stats' windows_completed, the window
-        numbers its out-of-step check compares) goes on from the saved one
-        too (sf_restore_windows), when this context has not started yet.
-        ``strict`` (the plugin is the count's one holder): RuntimeError
-        when it cannot."""
-        ctx = getattr(self, "context", None)
-        if strict:
-            try:
-                ctx.restore_windows(windows)
-            except sfsync.InvalidStateError as e:
-                raise RuntimeError("%s: the plugin holds the window count (%s): load the state "
-                                   "before the first backward pass" % (who, e)) from None
-            return
-        if ctx is None or not hasattr(ctx, "restore_windows"):
-            return
-        stats = ctx.stats()
-        if stats["windows_completed"] or stats["windows_begun"]:
-            log(sfsync.LOG_INFO, "%s: the plugin has synchronized %d windows already: its "
-                "count goes on from there" % (who, stats["windows_completed"]))
-            return
+    def _restore_plugin_windows(self, who, windows):
+        """The plugin's count (stats' windows_completed, the window numbers
+        its out-of-step check compares; its one holder) goes on from the
+        saved one (sf_restore_windows): RuntimeError once this context has
+        started."""
         try:
-            ctx.restore_windows(windows)
-        except (sfsync.SfError, AttributeError) as e:  # (a library before 0.4; a started clock)
-            log(sfsync.LOG_WARN, "%s: the plugin's window count starts afresh: %s" % (who, e))
+            self.context.restore_windows(windows)
+        except sfsync.InvalidStateError as e:
+            raise RuntimeError("%s: the plugin holds the window count (%s): load the state "
+                               "before the first backward pass" % (who, e)) from None
 
     def _face_load_state_dict(self, kind, state):
         """load_state_dict() of GradientSync and DDPSync: ValueError naming the
@@ -200,11 +181,7 @@ class WindowFace:
         if state.get("verify_every") != self._verify_every:
             log(sfsync.LOG_INFO, "%s: verify_every was %r, is now %r" % (
                 who, state.get("verify_every"), self._verify_every))
-        if self._window.windows is None:  # the plugin counts: restored there, or refused
-            self._restore_plugin_windows(who, state["windows"], strict=True)
-        else:
-            self._window.windows = state["windows"]
-            self._restore_plugin_windows(who, state["windows"])
+        self._restore_plugin_windows(who, state["windows"])  # restored there, or refused
         self._last_verified = state["last_verified"]
         if self._verifier is not None:
             self._verifier.checks = state["checks"]

@@ -145,7 +145,7 @@ class GradientSync(WindowFace, Weighing):
         self._closed_windows = 0  # windows once closed (the plugin's count then)
         self._weighted = False  # reduce_op "weighted" (weighted.py), known once the context is
         # (its windows are the plugin's to count: windows asks it, _plugin_windows)
-        self._window = HostWindow("GradientSync", accumulation_steps, counts_windows=False)
+        self._window = HostWindow("GradientSync", accumulation_steps)
         self.module = module
         self.params, self.names = trainable(module)
         if not self.params:

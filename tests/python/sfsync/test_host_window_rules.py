@@ -10,7 +10,20 @@ import unittest
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".")
                != os.path.realpath(os.path.dirname(os.path.abspath(__file__)))]
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
-from sfsync.host_window import UNTIL_STEP, HostWindow  # noqa: E402
+from sfsync.host_window import UNTIL_STEP  # noqa: E402
+from sfsync.host_window import HostWindow as _HostWindow  # noqa: E402
+
+
+class HostWindow(_HostWindow):
+    """A HostWindow whose ``on_close`` counts the windows it ends (the faces
+    count them in the plugin: sf_synchronize, sf_count_window)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, on_close=self._closed, **kwargs)
+        self.windows = 0
+
+    def _closed(self):
+        self.windows += 1
 
 
 def run(window, plan):

@@ -318,4 +318,39 @@ BOOST_AUTO_TEST_CASE(two_ranks_gloo_threads_different_restores_fail_in_sf_synchr
   }
 }
 
+// sf_count_window (Since 0.5): a host that reduces its windows itself (DDP's
+// comm hook under sfsync.torch's attach) has them counted where every
+// window count lives. Each call is one window completed, after a restored
+// count too; inside a window, on a context with registered gradients, or on
+// NULL: refused, naming why, and nothing counted.
+BOOST_AUTO_TEST_CASE(count_window_counts_a_window_the_host_reduced) {
+  ContextHandle h;
+  sf_options o = rankOptions(0, 1, "");
+  BOOST_TEST_REQUIRE(sf_create(&o, &h.ctx) == SF_OK, sf_last_error());
+  BOOST_TEST(sf_restore_windows(h.ctx, 7) == SF_OK, sf_last_error());
+  for (int64_t w = 8; w <= 10; ++w) {
+    BOOST_TEST(sf_begin_accumulation(h.ctx) == SF_OK);  // the window's local passes
+    BOOST_TEST(sf_count_window(h.ctx) == SF_ERR_INVALID_STATE);
+    const std::string e = sf_last_error();
+    BOOST_TEST(contains(e, "sf_count_window: sf_count_window inside an accumulation window"), e);
+    BOOST_TEST(sf_end_accumulation(h.ctx) == SF_OK);
+    BOOST_TEST(statsOf(h.ctx).windows_completed == w - 1);
+    BOOST_TEST(sf_count_window(h.ctx) == SF_OK, sf_last_error());  // its last pass went to the host
+    BOOST_TEST(statsOf(h.ctx).windows_completed == w);
+  }
+  // Too late to restore now: the clock has run.
+  BOOST_TEST(sf_restore_windows(h.ctx, 3) == SF_ERR_INVALID_STATE);
+  BOOST_TEST(sf_count_window(nullptr) == SF_ERR_INVALID_ARGUMENT);
+  BOOST_TEST(contains(sf_last_error(), "sf_count_window: ctx is NULL"), sf_last_error());
+
+  // A context that reduces gradients counts its windows at sf_synchronize.
+  Alone a;
+  BOOST_TEST(sf_count_window(a.h.ctx) == SF_ERR_INVALID_STATE);
+  const std::string e = sf_last_error();
+  BOOST_TEST(contains(e, "with 1 registered gradients: sf_synchronize reduces and counts"), e);
+  BOOST_TEST(statsOf(a.h.ctx).windows_completed == 0);
+  BOOST_TEST(sf_synchronize(a.h.ctx) == SF_OK, sf_last_error());
+  BOOST_TEST(statsOf(a.h.ctx).windows_completed == 1);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

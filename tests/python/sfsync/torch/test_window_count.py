@@ -2,9 +2,9 @@
 GradientSync's ``windows`` is the plugin's ``sf_stats.windows_completed``
 (a window whose reductions started, sf_synchronize_start, counts from then:
 the plugin counts it at its sf_synchronize), ``load_state_dict`` restores it
-there (sf_restore_windows) or refuses, and GradientSync's HostWindow keeps
-no count of its own. DDPSync keeps one: DDP reduces its windows through its
-own process group, which the plugin never sees (ddp.py).
+there (sf_restore_windows) or refuses, and the faces' HostWindow keeps no
+count of its own. DDPSync's windows, which DDP reduces through its own
+process group, are counted there too: sf_count_window as each one ends.
 
 One rank; seconds.
 
@@ -58,7 +58,7 @@ class GradientSyncAsksThePlugin(unittest.TestCase):
         self.assertEqual(self.counts(sync), (40, 40))
         window(model)
         self.assertEqual(self.counts(sync), (41, 41))
-        self.assertIsNone(sync._window.windows)  # the face's HostWindow counts none
+        self.assertFalse(hasattr(sync._window, "windows"))  # the face's HostWindow counts none
 
     def test_a_window_of_weight_zero_counts_once(self):
         model, sync = self.attach(reduce="weighted")
@@ -116,6 +116,78 @@ class GradientSyncAsksThePlugin(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "sf_restore_windows"):
             sync.load_state_dict(state)  # the plugin counted one window already
         self.assertEqual(self.counts(sync), (1, 1))
+
+
+class DDPSyncAsksThePlugin(unittest.TestCase):
+    """attach(ddp): DDP reduces the windows (its comm hook); each window's
+    end is counted in the plugin (sf_count_window), the count's one holder."""
+
+    @classmethod
+    def setUpClass(cls):
+        import tempfile
+        import torch.distributed as dist
+        cls.dir = tempfile.TemporaryDirectory()
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(cls.dir.name, "store"),
+                                rank=0, world_size=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        import torch.distributed as dist
+        dist.destroy_process_group()
+        cls.dir.cleanup()
+
+    def attach(self, **kw):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ddp = DDP(mlp())
+        sync = sft.attach(ddp, accumulation_steps=2, **dict(LOCAL, **kw))
+        self.addCleanup(sync.close)
+        return ddp, sync
+
+    def test_windows_are_counted_in_the_plugin(self):
+        ddp, sync = self.attach()
+        for n in range(1, 4):
+            window(ddp)
+            self.assertEqual((sync.windows, sync.context.stats()["windows_completed"]), (n, n))
+        self.assertFalse(hasattr(sync._window, "windows"))
+        self.assertEqual(sync.counts()["windows"], 3)
+        ctx = sync.context
+        sync.close()
+        self.assertEqual(sync.windows, 3)  # its last count, once closed
+        del ctx
+
+    def test_load_state_dict_restores_the_plugins_count(self):
+        ddp, sync = self.attach()
+        for _ in range(3):
+            window(ddp)
+        state = sync.state_dict()
+        self.assertEqual(state["windows"], 3)
+        sync.close()
+        ddp, resumed = self.attach()
+        resumed.load_state_dict(state)
+        self.assertEqual(resumed.context.stats()["windows_completed"], 3)
+        window(ddp)
+        self.assertEqual(resumed.windows, 4)
+        late = dict(resumed.state_dict(), windows=9, last_verified=0)
+        with self.assertRaisesRegex(RuntimeError, "sf_restore_windows"):
+            resumed.load_state_dict(late)  # the plugin counted a window already
+        self.assertEqual(resumed.windows, 4)
+
+    def test_count_window_is_refused_inside_a_window_and_with_gradients(self):
+        ctx = sfsync.Context(**LOCAL)
+        self.addCleanup(ctx.close)
+        ctx.begin_accumulation()
+        with self.assertRaisesRegex(sfsync.InvalidStateError, "sf_count_window inside an "
+                                    "accumulation window"):
+            ctx.count_window()
+        ctx.end_accumulation()
+        ctx.count_window()
+        self.assertEqual(ctx.stats()["windows_completed"], 1)
+        model, sync = mlp(), None
+        sync = sft.GradientSync(model, accumulation_steps=2, **LOCAL)
+        self.addCleanup(sync.close)
+        with self.assertRaisesRegex(sfsync.InvalidStateError, r"registered gradients: "
+                                    r"sf_synchronize reduces and counts"):
+            sync.context.count_window()
 
 
 if __name__ == "__main__":
