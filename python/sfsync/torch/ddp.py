@@ -175,7 +175,11 @@ class DDPSync(WindowFace):
         return fut
 
     def _count_window(self):
+        """The window ended (its last pass went to DDP, or its step): counted
+        in the plugin, its context's window closed first (a window the step
+        ends may still be open there: its passes stayed local)."""
         if self.context is not None:
+            set_window(self.context, False)
             self.context.count_window()
 
     def _plugin_windows(self):
