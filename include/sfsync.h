@@ -455,7 +455,8 @@ typedef struct sf_stats {
    * transport moves, in the dtype they travel in (a float32 all-reduce on a
    * 16-bit wire_dtype with Gloo: 2 bytes each), reserved tails included,
    * the padding a sharded layout leaves off the wire excluded (Gloo leaves
-   * it off; NCCL moves whole segments). An all-reduce: its buffer; a
+   * it off; NCCL too since 0.5 where the padding is more than a sixteenth of
+   * the segments, else it moves whole segments). An all-reduce: its buffer; a
    * reduce-scatter or all-gather: all world_size segments of its buffer; a
    * broadcast: its bytes; a control collective: its values (8 bytes each).
    * What the transport's algorithm sends per peer (a ring sends about

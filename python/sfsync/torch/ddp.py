@@ -318,6 +318,9 @@ def attach(ddp_model, accumulation_steps=None, **kwargs):
     ``verify_every=K`` (and ``verify_buffers``) as GradientSync's.
     ``connect=False``: do not connect the context at attach (the hook uses
     the DDP's own process group; the context then serves no replica check).
-    Other keyword arguments go to ``make_context``.
+    ``context=``: the context whose window count the attachment keeps
+    (sf_count_window at each window's end; give each attach its own: two
+    attachments on one context count both DDPs' windows). Other keyword
+    arguments go to ``make_context``.
     """
     return DDPSync(ddp_model, accumulation_steps=accumulation_steps, **kwargs)
