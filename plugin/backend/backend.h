@@ -2,6 +2,7 @@
 // The backend interface: what the reducer needs from a transport. A backend
 // reduces buckets across ranks; it does not know about windows or gradients.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -27,6 +28,8 @@ struct ReduceSpec {
   // the scales apply to (-1: all); the elements after them, a tail the
   // caller reserved for its own values, are summed unscaled.
   int64_t scaledElems = -1;
+  // Where the scaled data of a buffer (a segment) of `elems` elements ends.
+  int64_t dataEnd(int64_t elems) const { return scaledElems < 0 ? elems : std::min(elems, scaledElems); }
   int64_t bucket = -1;       // the bucket's index, for the trace
   Tracer* trace = nullptr;   // SF_TRACE: where a backend records wire events
   // Reduce-scatter and all-gather: per segment, the leading elements that

@@ -40,7 +40,7 @@ WireCounts bucketPayload(BucketCollective kind, int64_t elems, int64_t world, in
   WireCounts c;
   const bool allreduce = kind == BucketCollective::kAllreduce;
   const int64_t segments = allreduce ? 1 : world;
-  const int64_t dataEnd = spec.scaledElems < 0 ? elems : std::min(elems, spec.scaledElems);
+  const int64_t dataEnd = spec.dataEnd(elems);
   const int64_t tail = elems - dataEnd;
   int64_t data = 0;
   for (int64_t r = 0; r < segments; ++r) {

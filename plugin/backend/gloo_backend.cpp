@@ -334,7 +334,7 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
       const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane),
                            "reduce_scatter", spec.bucket, piece, &sent);
       try {
-        const int64_t dataEnd = spec.scaledElems < 0 ? segmentElems : spec.scaledElems;
+        const int64_t dataEnd = spec.dataEnd(segmentElems);
         glooCall("reduce-scatter", [&] {
           sent = ringReduceScatter(*context,
                                    slicePiece(base, segmentElems, dtype, context->size, begin,

@@ -15,7 +15,7 @@ class DoneWork : public Work {
 
 std::unique_ptr<Work> LocalBackend::startAllreduce(void* data, int64_t numel, sf_dtype dtype,
                                                    ReduceSpec spec) {
-  const int64_t scaled = spec.scaledElems < 0 ? numel : std::min(numel, spec.scaledElems);
+  const int64_t scaled = spec.dataEnd(numel);
   const double factor = spec.prescale * spec.postscale;
   if (factor != 1.0) scaleInPlace(data, scaled, dtype, factor);
   return std::make_unique<DoneWork>();

@@ -212,8 +212,7 @@ std::vector<int64_t> NcclBackend::paddedUsed(const ReduceSpec& spec, int64_t dat
 }
 
 bool NcclBackend::movesPadding(const ReduceSpec& spec, int64_t segmentElems) const {
-  const int64_t dataEnd = spec.scaledElems < 0 ? segmentElems : std::min(spec.scaledElems, segmentElems);
-  return paddedUsed(spec, dataEnd).empty();
+  return paddedUsed(spec, spec.dataEnd(segmentElems)).empty();
 }
 
 std::unique_ptr<Work> NcclBackend::startReduceScatter(void* data, int64_t segmentElems,
@@ -221,9 +220,9 @@ std::unique_ptr<Work> NcclBackend::startReduceScatter(void* data, int64_t segmen
   connect();
   sfn_work* work = nullptr;
   sfn_error err;
-  // Segments with padding (uneven shards, a flat layout's last segment):
-  // only their used elements and the reserved tails travel.
-  const int64_t dataEnd = spec.scaledElems < 0 ? segmentElems : std::min(spec.scaledElems, segmentElems);
+  // Segments with much padding (uneven shards): only their used elements
+  // and the reserved tails travel.
+  const int64_t dataEnd = spec.dataEnd(segmentElems);
   const std::vector<int64_t> used = paddedUsed(spec, dataEnd);
   if (!used.empty()) {
     check(api_.reduce_scatter_used_start(comm_, data, segmentElems, dataEnd, used.data(), dtype,
@@ -243,7 +242,7 @@ std::unique_ptr<Work> NcclBackend::startAllgather(void* data, int64_t segmentEle
   sfn_work* work = nullptr;
   sfn_error err;
   // A gather has no reserved tail to move: the used elements only.
-  const std::vector<int64_t> used = paddedUsed(spec, segmentElems);
+  const std::vector<int64_t> used = paddedUsed(spec, spec.dataEnd(segmentElems));
   if (!used.empty()) {
     check(api_.allgather_used_start(comm_, data, segmentElems, used.data(), dtype, &work, &err), err);
   } else {
