@@ -63,7 +63,6 @@ class DDPSync(WindowFace):
         self._window = HostWindow("attach", accumulation_steps, guess,
                                   on_close=self._count_window)
         self._owns_context = context is None
-        self._closed_windows = 0
         self.context = None
         self.context = context if context is not None else make_context(**options)
         self.deferred_buckets = 0
@@ -183,9 +182,6 @@ class DDPSync(WindowFace):
             self.context.count_window()
 
     def _plugin_windows(self):
-        """The plugin's count; once closed, its last."""
-        if self.context is None:
-            return self._closed_windows
         return self.context.stats()["windows_completed"]
 
     def before_step(self):
@@ -235,8 +231,7 @@ class DDPSync(WindowFace):
             h.remove()
         self._handles = []
         _following.discard(self)
-        if self.context is not None:
-            self._closed_windows = self.context.stats()["windows_completed"]
+        self._keep_windows()
         if self.context is not None and self._owns_context:
             ctx, self.context = self.context, None
             ctx.close()

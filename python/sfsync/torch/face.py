@@ -1,9 +1,9 @@
 """What every host face shares (GradientSync, the DDP attachment, and
 through them the framework integrations): one ``HostWindow`` per face
 (sfsync/host_window.py: which pass stays local), the host's ``no_sync()``,
-the window numbers read through the face (GradientSync's asked of the
-plugin, DDPSync's its HostWindow's: see ``windows``), the verify_every
-cadence, and the face's own state dict.
+the window count read through the face (asked of the plugin, its one
+holder: see ``windows``), the verify_every cadence, and the face's own
+state dict.
 
 Responsible for: ``WindowFace`` (the base class of GradientSync and
 DDPSync), ``check_counts`` and ``set_window`` (a pass's decision applied to
@@ -57,6 +57,7 @@ class WindowFace:
     _verifier = None         # verify.Verifier with verify_every, else None
     _verify_every = None
     _last_verified = 0       # the window of the last replica check
+    _closed_windows = 0      # ``windows`` once closed (the plugin's last count)
     context = None
 
     def _at_window_boundary(self):
@@ -72,11 +73,19 @@ class WindowFace:
         """Windows synchronized (= optimizer steps): the plugin's count, its
         one holder (``_plugin_windows``: sf_stats.windows_completed; counted
         at sf_synchronize for GradientSync, by sf_count_window as each window
-        ends for DDPSync, whose windows DDP reduces)."""
+        ends for DDPSync, whose windows DDP reduces); once the face closed
+        (no context), the last count it read."""
+        if self.context is None:
+            return self._closed_windows
         return self._plugin_windows()
 
     def _plugin_windows(self):
-        raise NotImplementedError
+        raise NotImplementedError  # the live count, the context open
+
+    def _keep_windows(self):
+        """Before the face lets its context go: the count ``windows`` answers after."""
+        if self.context is not None:
+            self._closed_windows = self._plugin_windows()
 
     @property
     def _passes(self):

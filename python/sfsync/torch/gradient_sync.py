@@ -27,7 +27,7 @@ from sfsync.torch.face import SET_TO_NONE_DEFAULT, WindowFace, check_counts, set
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.store import GradientStore, broadcast_tensors
 from sfsync.torch.verify import Verifier, named_state
-from sfsync.torch.weighted import Weighing, is_weighted, reduce_option, zero_weight
+from sfsync.torch.weighted import Weighing, reduce_option
 from sfsync.torch.window_driver import WindowDriver
 
 __all__ = ["GradientSync"]
@@ -142,8 +142,6 @@ class GradientSync(WindowFace, Weighing):
                                                     shard_optimizer)
         self._optimizer = None  # sync.optimizer(...): steps per bucket (sfsync/torch/optim.py)
         self._driver = None  # the window's collectives (window_driver.py), made with the store
-        self._closed_windows = 0  # windows once closed (the plugin's count then)
-        self._weighted = False  # reduce_op "weighted" (weighted.py), known once the context is
         # (its windows are the plugin's to count: windows asks it, _plugin_windows)
         self._window = HostWindow("GradientSync", accumulation_steps)
         self.module = module
@@ -188,7 +186,6 @@ class GradientSync(WindowFace, Weighing):
             self.store.register()
             o = ctx.options()
             self.rank, self.world_size = o["rank"], o["world_size"]
-            self._weighted = is_weighted(ctx)
             self._driver = WindowDriver(
                 ctx, self.store, self._window, module=module, params=self.params,
                 names=self.names, rank=self.rank, world_size=self.world_size,
@@ -379,11 +376,10 @@ class GradientSync(WindowFace, Weighing):
         try:
             # final now, or (an optimizer's overlap_step) bucket by bucket in opt.step()
             self._driver.close_window()
-        except sfsync.InvalidStateError:
-            if self._weighted and zero_weight(self.context):
-                # The plugin refused the window (global weight 0) and stays
-                # usable: the window is over, without a step.
-                self._driver.fail_window()
+        except sfsync.InvalidStateError as e:
+            if getattr(e, "weight_zero", False):
+                # The plugin refused the window (global weight 0; the driver
+                # ended its part) and stays usable: over, without a step.
                 self._window.fail_window()
             raise
         self._window.close_window()
@@ -458,10 +454,8 @@ class GradientSync(WindowFace, Weighing):
         return self._window_start()
 
     def _plugin_windows(self):
-        """The plugin's count (WindowDriver.windows); once closed, its last."""
-        if self.context is None or self._driver is None:
-            return self._closed_windows
-        return self._driver.windows
+        """The plugin's count (WindowDriver.windows; 0 before the driver exists)."""
+        return self._driver.windows if self._driver is not None else 0
 
     def stats(self):
         return self.context.stats()
@@ -479,8 +473,8 @@ class GradientSync(WindowFace, Weighing):
         for _, handle in self._handles:
             handle.remove()
         self._handles = []
+        self._keep_windows()  # (the context goes below)
         if self._driver is not None:
-            self._closed_windows = self._driver.windows  # (the context goes below)
             self._driver.close()  # the gathers waited, their hooks removed
         if self.store is not None:
             self.store.release()

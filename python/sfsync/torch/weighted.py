@@ -65,6 +65,8 @@ def reduce_option(reduce, options, context):
 def zero_weight(context):
     """The window the plugin just refused was one of global weight 0 (the
     plugin then reports that weight for it), not another failure."""
+    if not is_weighted(context):
+        return False
     try:
         return context.window_totals()[0] == 0
     except sfsync.SfError:

@@ -177,7 +177,7 @@ class WindowDriver:
         bucket's collective and, unless overlap_step, wait for all of them,
         so that every .grad is final when is_step() turns True."""
         if not self.stepping:
-            self.context.synchronize()
+            self._synchronize()
             self.store.after_plugin()  # the current stream after the reduction
             self.publish()
             return
@@ -187,6 +187,19 @@ class WindowDriver:
         if not self.overlap_step:
             rule = self._whole_rule
             self.finish(whole=bool(rule() if callable(rule) else rule))
+
+    def _synchronize(self):
+        """sf_synchronize. A window the plugin refused for its global weight 0
+        is over (counted, no step): ``fail_window`` here, the one place that
+        tells, and the error says so to the caller (``weight_zero``: its
+        HostWindow ends the window too) before it propagates."""
+        try:
+            self.context.synchronize()
+        except sfsync.InvalidStateError as e:
+            e.weight_zero = zero_weight(self.context)
+            if e.weight_zero:
+                self.fail_window()
+            raise
 
     def fail_window(self):
         """The window's synchronization failed and the plugin ended it (a
@@ -220,12 +233,7 @@ class WindowDriver:
         rank's .grad holds the whole reduced gradient; then the publish. A
         window the plugin refused for its global weight 0 is over (counted,
         no step): ``fail_window``, so that no later call synchronizes it again."""
-        try:
-            self.context.synchronize()
-        except sfsync.InvalidStateError:
-            if zero_weight(self.context):
-                self.fail_window()
-            raise
+        self._synchronize()
         self.store.after_plugin()  # the optimizer's stream after the reductions
         if self.sharded and self.store.mask is not None:
             self.wait_parameters()
