@@ -363,6 +363,12 @@ SF_API int32_t sf_in_accumulation(const sf_context* ctx);
  * the rest of the backward pass. Reporting the same gradient twice before
  * sf_synchronize outside a window is SF_ERR_INVALID_STATE (its bucket may be
  * in flight). Thread-safe.
+ * Outside a window the gradient is sfsync's from this call until
+ * sf_synchronize returns: read or write it only after that. Since 0.5 an
+ * averaged host gradient may be scaled here, as it is reported (where
+ * that changes no bit of the result: world_size a power of two, Gloo
+ * without a 16-bit wire, unsharded), and its bucket then sums; a window
+ * begun before the synchronization restores it (x * world_size).
  */
 SF_API sf_status sf_grad_ready(sf_context* ctx, int64_t id);
 

@@ -183,6 +183,13 @@ class Backend : public MemoryOps {
   // where the padding is a sizeable share, unless its module predates the
   // entries that do it).
   virtual sf_dtype allreduceWireDtype(sf_dtype dtype) const { return dtype; }
+  // Since 0.5: whether a bucket all-reduce of `dtype` applies its scales
+  // (ReduceSpec) as a pass of its own over host memory (Gloo without a
+  // 16-bit wire). The reducer may then scale each gradient as it is
+  // reported ready, while its memory is warm, and start a plain sum
+  // (Reducer::readyScaleOf). False where the scale is fused (NCCL's
+  // ncclAvg, the 16-bit wire's narrowing) or there is no collective.
+  virtual bool scalesInAPass(sf_dtype dtype) const { (void)dtype; return false; }
   virtual bool movesPadding(const ReduceSpec& spec, int64_t segmentElems) const {
     (void)spec, (void)segmentElems;
     return true;

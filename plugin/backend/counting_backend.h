@@ -83,6 +83,7 @@ class CountingBackend : public Backend {
   void adopt(void* comm) override { inner_->adopt(comm); }
   void checkDeviceMemory(const void* p, size_t bytes) override { inner_->checkDeviceMemory(p, bytes); }
   sf_dtype allreduceWireDtype(sf_dtype dtype) const override { return inner_->allreduceWireDtype(dtype); }
+  bool scalesInAPass(sf_dtype dtype) const override { return inner_->scalesInAPass(dtype); }
   bool movesPadding(const ReduceSpec& spec, int64_t segmentElems) const override {
     return inner_->movesPadding(spec, segmentElems);
   }

@@ -88,6 +88,12 @@ class GlooBackend : public Backend {
   bool movesPadding(const ReduceSpec&, int64_t) const override {
     return false;  // slicePiece: used elements and tails
   }
+  bool scalesInAPass(sf_dtype dtype) const override {
+    // scaleInPlace around reduceNative (startAllreduce); the 16-bit wire
+    // fuses its scales into the narrowing and widening.
+    return (dtype == SF_DTYPE_FLOAT32 || dtype == SF_DTYPE_FLOAT64) &&
+           allreduceWireDtype(dtype) == dtype;
+  }
 
  private:
   void connectHere();  // on the worker thread

@@ -40,6 +40,7 @@ struct Gradient {
   int64_t bucket = -1;
   int64_t offset = 0;  // logical elements from the start of the bucket (shard_plan.h)
   bool ready = false;  // reported since the last synchronization (the reducer's)
+  bool scaled = false;  // multiplied by its bucket's ready scale since then (Reducer::readyScaleOf)
   void* param = nullptr;    // sharded: the parameter (host pointer, or a view into flat parameters)
   bool hasParam = false;
   bool paramOwned = false;  // storage in the flat parameter buffer

@@ -51,8 +51,29 @@ bool Reducer::reducedIn(int64_t pass) const {
 bool Reducer::beginPass(int64_t pass) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (nextToStart_ > 0) return false;  // inFlight()
+  // A window begins after a pass reported gradients ready without
+  // synchronizing them: they go on accumulating unscaled (x * W undoes the
+  // exact x / W of readyScaleOf), and are scaled at their next report.
+  for (auto& g : grads_) {
+    if (!g.scaled) continue;
+    scaleInPlace(g.data, g.numel, g.dtype, 1.0 / readyScale_[size_t(g.bucket)]);
+    g.scaled = false;
+  }
   enterPassLocked(pass);
   return true;
+}
+
+double Reducer::readyScaleOf(size_t i) const {
+  const int64_t w = opts_.world_size;
+  if (opts_.reduce_op != SF_REDUCE_AVERAGE || w < 2 || (w & (w - 1)) != 0) return 1.0;
+  if (sharded() || memory_[i].staged) return 1.0;  // the scale is on the shard / the staging
+  return backends_[i]->scalesInAPass(plan_[i].dtype) ? 1.0 / double(w) : 1.0;
+}
+
+void Reducer::scaleOnce(Gradient& g, double factor) {
+  if (factor == 1.0 || g.scaled) return;
+  scaleInPlace(g.data, g.numel, g.dtype, factor);
+  g.scaled = true;
 }
 
 bool Reducer::inFlight() const {
@@ -105,6 +126,7 @@ bool Reducer::markReady(int64_t id, const PassRef& pass) {
   }
   enterPassLocked(pass.number);
   g.ready = true;
+  scaleOnce(g, readyScale_[size_t(g.bucket)]);
   cycles_[size_t(g.bucket)].gradientReported();
   startReadyBuckets(true, pass);
   return true;
@@ -160,6 +182,12 @@ void Reducer::start(size_t i, bool early, const PassRef& pass) {
     }
   }
   ReduceSpec spec = reduceSpec();
+  if (readyScale_[i] != 1.0) {
+    // Scaled as reported ready; the ones never reported (started by
+    // sf_synchronize) here. The collective is a plain sum.
+    for (int64_t id : b.plan->grads) scaleOnce(grads_[size_t(id)], readyScale_[i]);
+    spec.prescale = spec.postscale = 1.0;
+  }
   spec.bucket = int64_t(i);
   spec.trace = trace_;
   if (trace_) {
@@ -297,7 +325,7 @@ bool Reducer::synchronize(const PassRef& pass) {
       failWith(e.status(), e.what());
     }
   }
-  for (auto& g : grads_) g.ready = false;
+  for (auto& g : grads_) g.ready = g.scaled = false;
   for (auto& c : cycles_) c.reportsCleared();
   nextToStart_ = 0;  // the results stay this pass's until the next one opens
   synchronizedPass_ = pass.number;

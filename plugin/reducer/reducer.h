@@ -227,6 +227,17 @@ class Reducer {
   void waitBucketLocked(size_t bucket, const PassRef& pass);  // wait, copy back, mark reduced
   // Weighted, once bucket i's sum is done: its data times 1 / global weight.
   void scaleByWeightLocked(size_t bucket);
+  // The factor bucket i's gradients are multiplied by as each is reported
+  // ready (on memory the host just wrote, as DDP divides each gradient in
+  // its hook), its collective then a plain sum; 1: the scales stay the
+  // collective's (reduceSpec). Not 1 only where that changes no bit: an
+  // average over a power-of-two world size (x / W is exact, so the sum of
+  // the quotients is the quotient of the sum), unsharded, unstaged, on a
+  // backend that would scale in a pass of its own (Backend::scalesInAPass).
+  // Decided at the build.
+  double readyScaleOf(size_t bucket) const;
+  // Gradient g at factor `factor` (its bucket's ready scale), once per pass.
+  static void scaleOnce(Gradient& g, double factor);
   bool reducedIn(int64_t pass) const;  // every bucket
 
   // Gathers.
@@ -256,6 +267,7 @@ class Reducer {
   // Per bucket: elements of the used-parameter mask (kMaskName), for the
   // wire counts (ReduceSpec::maskElems).
   std::vector<int64_t> maskElems_;
+  std::vector<double> readyScale_;  // bucket i's: readyScaleOf(i)
   std::atomic<bool> built_{false};
   bool verified_ = false;  // the layout check passed
 

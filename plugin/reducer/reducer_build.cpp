@@ -138,6 +138,8 @@ void Reducer::buildLocked() {
   memory_.build(grads_, plan_, reserve, opts_.world_size, opts_.shard_layout);
   cycles_.clear();
   maskElems_.assign(plan_.size(), 0);
+  readyScale_.clear();
+  for (size_t i = 0; i < plan_.size(); ++i) readyScale_.push_back(readyScaleOf(i));
   for (size_t i = 0; i < plan_.size(); ++i) {
     cycles_.emplace_back(int64_t(i), int64_t(plan_[i].grads.size()));
     for (int64_t id : plan_[i].grads) {
