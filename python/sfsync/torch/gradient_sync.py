@@ -248,8 +248,16 @@ class GradientSync(WindowFace, Weighing):
     # -- the pass and the window
 
     def _hook_grad(self, i):
-        if self.context is not None:
-            self._grad(i)
+        if self.context is None:
+            return
+        if not self._driver.in_pass:
+            self._start_pass()
+        store = self.store
+        if store.plain[i] and self.params[i].grad is store.views[i]:
+            self._reported[i] = True  # (_grad's common case in one frame: a hook per parameter)
+            self.context.grad_ready(store.ids[i])
+            return
+        self._grad(i)
 
     def _hook_forward(self):
         if self.context is not None:
@@ -306,8 +314,6 @@ class GradientSync(WindowFace, Weighing):
         _queue_callback(lambda: call(end))
 
     def _grad(self, i):
-        if not self._driver.in_pass:
-            self._start_pass()
         store, name = self.store, self.names[i]
         g = self.params[i].grad
         if not store.grad_is_view(i):

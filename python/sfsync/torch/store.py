@@ -209,6 +209,9 @@ class GradientStore:
                     data.copy_(p.data)
                     p.data = data
         self.pointers = [v.data_ptr() for v in self.views]
+        # The hooks' common case, one check (GradientSync._hook_grad): host
+        # memory, no mask to mark, no accumulator: .grad is the view or not.
+        self.plain = [self.on_host and self.mask is None and not a for a in self.acc]
 
     # -- the device orderings (no-ops on the host; see sfsync/torch/device.py)
 
