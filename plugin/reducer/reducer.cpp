@@ -54,10 +54,14 @@ bool Reducer::beginPass(int64_t pass) {
   // A window begins after a pass reported gradients ready without
   // synchronizing them: they go on accumulating unscaled (x * W undoes the
   // exact x / W of readyScaleOf), and are scaled at their next report.
-  for (auto& g : grads_) {
-    if (!g.scaled) continue;
-    scaleInPlace(g.data, g.numel, g.dtype, 1.0 / readyScale_[size_t(g.bucket)]);
-    g.scaled = false;
+  // (Only then a loop: a begin is one per micro-batch for some hosts.)
+  if (reportsScaled_) {
+    for (auto& g : grads_) {
+      if (!g.scaled) continue;
+      scaleInPlace(g.data, g.numel, g.dtype, 1.0 / readyScale_[size_t(g.bucket)]);
+      g.scaled = false;
+    }
+    reportsScaled_ = false;
   }
   enterPassLocked(pass);
   return true;
@@ -126,7 +130,10 @@ bool Reducer::markReady(int64_t id, const PassRef& pass) {
   }
   enterPassLocked(pass.number);
   g.ready = true;
-  scaleOnce(g, readyScale_[size_t(g.bucket)]);
+  if (readyScale_[size_t(g.bucket)] != 1.0) {
+    scaleOnce(g, readyScale_[size_t(g.bucket)]);
+    reportsScaled_ = true;
+  }
   cycles_[size_t(g.bucket)].gradientReported();
   startReadyBuckets(true, pass);
   return true;
@@ -326,6 +333,7 @@ bool Reducer::synchronize(const PassRef& pass) {
     }
   }
   for (auto& g : grads_) g.ready = g.scaled = false;
+  reportsScaled_ = false;
   for (auto& c : cycles_) c.reportsCleared();
   nextToStart_ = 0;  // the results stay this pass's until the next one opens
   synchronizedPass_ = pass.number;

@@ -268,6 +268,7 @@ class Reducer {
   // wire counts (ReduceSpec::maskElems).
   std::vector<int64_t> maskElems_;
   std::vector<double> readyScale_;  // bucket i's: readyScaleOf(i)
+  bool reportsScaled_ = false;  // markReady scaled a gradient since the last synchronization
   std::atomic<bool> built_{false};
   bool verified_ = false;  // the layout check passed
 
