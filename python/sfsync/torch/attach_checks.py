@@ -119,17 +119,13 @@ def call(method, *args):
 
 def grad_hook(method, i):
     def hook(grad_inputs, grad_outputs):
-        fn = method()  # (call()'s lines inline: a hook per parameter and pass)
-        if fn is not None:
-            fn(i)
+        call(method, i)
     return hook
 
 
 def post_accumulate_hook(method, i):
     def hook(param):
-        fn = method()
-        if fn is not None:
-            fn(i)
+        call(method, i)
     return hook
 
 
