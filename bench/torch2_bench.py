@@ -59,7 +59,10 @@ Half the bytes (issue 46, item 3; opt-in: --variants, --smoke and --grid
 fast run them; each judged against the float32 run, ddp_foreach):
 
   sfsync_bf16_perbucket  sfsync_perbucket with wire_dtype="bf16" (sfsync's
-                     16-bit wire: float32 partial sums, bf16 on the wire)
+                     16-bit wire: float32 partial sums, bf16 on the wire),
+                     with ddp_bf16_hook's cap: the pair compared on the
+                     same buckets (at the default 25 MiB the transformer has
+                     3, and its last one's wire time shows at 1 Gbit/s)
   sfsync_bf16_sharded    sfsync_sharded with wire_dtype="bf16"; sharded
                      buckets travel in their own dtype (include/sfsync.h,
                      "Sharded windows"): its bytes and error show float32's
@@ -522,8 +525,11 @@ class Runner:
             sharded = variant in SFSYNC_SHARDED
             # sfsync_bf16_*: the 16-bit wire (the context's wire_dtype)
             wire = {"wire_dtype": "bf16"} if variant.startswith("sfsync_bf16") else {}
+            cap = a.bucket_cap_mb
+            if cap is None and variant == "sfsync_bf16_perbucket":
+                cap = ddp_cap_mb("ddp_bf16_hook", self.model)  # its peer's buckets
             self.sync = sft.GradientSync(self.model, accumulation_steps=self.n,
-                                         bucket_cap_mb=a.bucket_cap_mb,
+                                         bucket_cap_mb=cap,
                                          find_unused_parameters=False,
                                          shard_optimizer=sharded, shard_layout="flat", **wire)
             os.environ.pop("SF_TRACE", None)
@@ -532,7 +538,7 @@ class Runner:
             whole = variant != "sfsync_sharded_owned"
             self.opt = self.sync.optimizer(torch.optim.AdamW, self.model.parameters(),
                                            overlap_step=overlap, whole_gradients=whole, **kw)
-            self.config.update(shard_optimizer=sharded, overlap_step=overlap,
+            self.config.update(bucket_cap_mb=cap, shard_optimizer=sharded, overlap_step=overlap,
                                whole_gradients=whole, wire_dtype=wire.get("wire_dtype"))
         elif variant.startswith("fsdp2"):
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
