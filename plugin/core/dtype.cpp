@@ -94,45 +94,6 @@ uint16_t floatToHalf(float f) { return halfBits(f); }
 float bf16ToFloat(uint16_t b) { return bf16Value(b); }
 uint16_t floatToBf16(float f) { return bf16Bits(f); }
 
-float halfToFloatPlain(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  if (exp == 0) {
-    if (man == 0) return bitsFloat(sign);
-    // Subnormal half: value = man * 2^-24.
-    float v = float(man) * (1.0f / 16777216.0f);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return bitsFloat(sign | 0x7f800000u | (man << 13));
-  return bitsFloat(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-uint16_t floatToHalfPlain(float f) {
-  uint32_t u = floatBits(f);
-  uint16_t sign = uint16_t((u >> 16) & 0x8000u);
-  uint32_t abs = u & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {  // inf or NaN
-    return uint16_t(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));
-  }
-  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to inf
-  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or 0
-    // Scale into the subnormal range with float arithmetic, which rounds to
-    // nearest even for us.
-    float v = bitsFloat(abs) * 16777216.0f;  // value in units of 2^-24
-    uint32_t m = uint32_t(v);
-    float rem = v - float(m);
-    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
-    return uint16_t(sign | m);
-  }
-  uint32_t exp = ((abs >> 23) - 112) << 10;
-  uint32_t man = (abs >> 13) & 0x3ffu;
-  uint32_t half = exp | man;
-  uint32_t rest = abs & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
-  return uint16_t(sign | half);
-}
-
 // The element loops every reduction runs. Their bodies are always inlined
 // into two sets of entry points: one compiled for the build's baseline
 // (x86-64: SSE2), one for AVX2, picked once at run time by cpuid. The same

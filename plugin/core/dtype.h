@@ -19,10 +19,6 @@ float halfToFloat(uint16_t h);
 uint16_t floatToHalf(float f);  // round to nearest even
 float bf16ToFloat(uint16_t b);
 uint16_t floatToBf16(float f);  // round to nearest even
-// The same two half conversions written plainly, with branches: what the
-// fast ones above are checked against (tests), every value.
-float halfToFloatPlain(uint16_t h);
-uint16_t floatToHalfPlain(float f);
 
 // data[i] *= factor for `numel` elements of `dtype` in host memory.
 void scaleInPlace(void* data, int64_t numel, sf_dtype dtype, double factor);
@@ -36,14 +32,14 @@ void widenFrom16(float* dst, const uint16_t* src, int64_t numel, sf_dtype wire, 
 // out[i] = a[i] + b[i]: the reduction that the host backends apply.
 void addInto(void* out, const void* a, const void* b, size_t numel, sf_dtype dtype);
 
-// Bits of an integer a dtype holds exactly (2^m and every integer below):
-// 53, 24, 11, 8. What the reserved tails (window check, window weight) use
-// to keep their sums exact whatever the order of the additions.
 // The element loops above run compiled for AVX2 where the CPU has it, for
 // the baseline otherwise (the same bits either way). For tests: false picks
 // the baseline, true AVX2 where available; returns whether it is.
 bool useWideLoops(bool wide);
 
+// Bits of an integer a dtype holds exactly (2^m and every integer below):
+// 53, 24, 11, 8. What the reserved tails (window check, window weight) use
+// to keep their sums exact whatever the order of the additions.
 int exactIntegerBits(sf_dtype dtype);
 // One value of `dtype` at `p` (host memory, unaligned), from or to a double.
 void storeAsDtype(char* p, sf_dtype dtype, double v);
