@@ -179,14 +179,23 @@ typedef struct sf_options {
   int32_t max_inflight;
   /** Since 0.2. How float32 buckets travel (Gloo): SF_DTYPE_FLOAT32 (0, the
    *  default: as they are), SF_DTYPE_BFLOAT16 or SF_DTYPE_FLOAT16 (half the
-   *  bytes: each rank rounds its bucket to 16 bits, every partial sum is
-   *  computed in float32 and rounded back to 16 bits, the result is widened
-   *  to float32 before averaging). Other dtypes' buckets are unaffected.
+   *  bytes: every partial sum is computed in float32 and rounded back to 16
+   *  bits, the result is widened to float32 before averaging). Since 0.5 a
+   *  rank's own values are never rounded on their own: each rank adds its
+   *  float32 values to the 16-bit partial sum it receives and rounds that
+   *  sum once (a ring reduce-scatter, then an all-gather of the 16-bit
+   *  sums), N roundings per element where 0.2-0.4 made 2N - 1; every rank
+   *  still gets the same bits. Other dtypes' buckets are unaffected.
    *  env SF_WIRE_DTYPE = native|bf16|fp16. Error bound for N ranks, per
    *  element, against the exact sum S of the inputs x_1..x_N:
    *    |result - S| <= (N + 1) * u * sum_i |x_i|   (+ N * 2^-24 for fp16)
    *  with u = 2^-8 (bf16) or 2^-11 (fp16); for same-signed inputs that is a
-   *  relative error of at most (N + 1) * u. fp16 overflows to inf above
+   *  relative error of at most (N + 1) * u. At N = 2 (since 0.5) the
+   *  result is round(x_own + round(x_other)), x_own the value of the rank
+   *  that owns the element's segment:
+   *    |result - S| <= u * (max_i |x_i| + |S|)   (+ 2^-24 for fp16)
+   *  plus float32's rounding of the sum, so nearly cancelling inputs keep
+   *  one input's rounding, not two. fp16 overflows to inf above
    *  65504 (scale with SF_REDUCE_PRESCALED_SUM); bf16 keeps float32's range.
    *  Averaging divides after widening (exact up to float32 rounding). */
   sf_dtype wire_dtype;

@@ -279,15 +279,12 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
                                  : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
       try {
         if (wire != dtype) {
-          // float32 carried as 16 bits: round (prescaled), reduce, widen (postscaled).
-          if (scratch->size() < size_t(count)) scratch->resize(size_t(count));
-          const float* in = static_cast<const float*>(at);
-          narrowTo16(scratch->data(), in, scaled, wire, float(spec.prescale));
-          narrowTo16(scratch->data() + scaled, in + scaled, count - scaled, wire, 1.0f);
-          glooCall("allreduce", [&] { reduceNative(context, scratch->data(), count, wire, tag); });
-          float* out = static_cast<float*>(at);
-          widenFrom16(out, scratch->data(), scaled, wire, float(spec.postscale));
-          widenFrom16(out + scaled, scratch->data() + scaled, count - scaled, wire, 1.0f);
+          // float32 carried as 16 bits, each rank's own values added unrounded.
+          glooCall("allreduce (16-bit wire)", [&] {
+            ringAllreduce16(*context, static_cast<float*>(at), count, scaled, wire,
+                            float(spec.prescale), float(spec.postscale), tag,
+                            std::chrono::milliseconds(opts_.timeout_ms), *scratch);
+          });
           return;
         }
         if (spec.prescale != 1.0) scaleInPlace(at, scaled, dtype, spec.prescale);

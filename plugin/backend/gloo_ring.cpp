@@ -171,4 +171,76 @@ int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t t
   return sent;
 }
 
+int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int64_t scaled,
+                        sf_dtype wire, float prescale, float postscale, uint32_t tag,
+                        std::chrono::milliseconds timeout, std::vector<uint16_t>& scratch) {
+  const int w = context.size, r = context.rank;
+  if (scratch.size() < size_t(count)) scratch.resize(size_t(count));
+  uint16_t* wireData = scratch.data();
+  // f over [lo, hi) in at most two calls: the scaled elements, then the rest.
+  auto byFactor = [scaled](int64_t lo, int64_t hi, float factor, auto&& f) {
+    const int64_t mid = std::max(lo, std::min(hi, scaled));
+    if (mid > lo) f(lo, mid - lo, factor);
+    if (hi > mid) f(mid, hi - mid, 1.0f);
+  };
+  auto narrow = [&](int64_t lo, int64_t hi) {
+    byFactor(lo, hi, prescale, [&](int64_t at, int64_t n, float k) {
+      narrowTo16(wireData + at, data + at, n, wire, k);
+    });
+  };
+  auto addOwn = [&](int64_t lo, int64_t hi) {
+    byFactor(lo, hi, prescale, [&](int64_t at, int64_t n, float k) {
+      addOwnTo16(wireData + at, data + at, n, wire, k);
+    });
+  };
+  int64_t sent = 0;
+  if (w == 1) {
+    narrow(0, count);
+  } else if (count > 0) {
+    // Segment k: elements [k seg, min(count, (k + 1) seg)), possibly empty.
+    const int64_t seg = (count + w - 1) / w;
+    auto segBegin = [&](int k) { return std::min<int64_t>(count, int64_t(k) * seg); };
+    auto segEnd = [&](int k) { return std::min<int64_t>(count, int64_t(k + 1) * seg); };
+    const int64_t chunkElems = ringChunkBytes(seg * 2, 2) / 2;
+    const int right = (r + 1) % w, left = (r - 1 + w) % w;
+    auto buffer = context.createUnboundBuffer(wireData, size_t(count) * 2);
+    for (int s = 0; s < w - 1; ++s) {
+      const int sendSeg = mod(r - s - 1, w), recvSeg = mod(r - s - 2, w);
+      // Every chunk's receive posted first, each into a buffer of its own
+      // (so that its wait is its own), the sum taken as each one arrives.
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in;
+      for (int64_t lo = segBegin(recvSeg); lo < segEnd(recvSeg); lo += chunkElems) {
+        const int64_t n = std::min(chunkElems, segEnd(recvSeg) - lo);
+        in.push_back(context.createUnboundBuffer(wireData + lo, size_t(n) * 2));
+        in.back()->recv(left, chunkSlot(tag, s, in.size() - 1), 0, size_t(n) * 2);
+      }
+      size_t sends = 0;
+      for (int64_t lo = segBegin(sendSeg); lo < segEnd(sendSeg); lo += chunkElems) {
+        const int64_t n = std::min(chunkElems, segEnd(sendSeg) - lo);
+        if (s == 0) narrow(lo, lo + n);  // later steps send the sums of the step before
+        buffer->send(right, chunkSlot(tag, s, sends++), size_t(lo) * 2, size_t(n) * 2);
+        sent += n * 2;
+      }
+      int64_t lo = segBegin(recvSeg);
+      for (auto& b : in) {
+        const int64_t n = std::min(chunkElems, segEnd(recvSeg) - lo);
+        waitOrFail(b->waitRecv(timeout), "16-bit reduce-scatter (recv)");
+        addOwn(lo, lo + n);
+        lo += n;
+      }
+      for (size_t k = 0; k < sends; ++k) waitOrFail(buffer->waitSend(timeout), "16-bit reduce-scatter (send)");
+    }
+    RingPiece piece{reinterpret_cast<char*>(wireData), seg * 2, wire, {}};
+    piece.spans.resize(size_t(w));
+    for (int k = 0; k < w; ++k) {
+      if (segEnd(k) > segBegin(k)) piece.spans[size_t(k)].push_back({0, (segEnd(k) - segBegin(k)) * 2});
+    }
+    sent += ringAllgather(context, piece, tag, timeout);
+  }
+  byFactor(0, count, postscale, [&](int64_t at, int64_t n, float k) {
+    widenFrom16(data + at, wireData + at, n, wire, k);
+  });
+  return sent;
+}
+
 }  // namespace sfsync

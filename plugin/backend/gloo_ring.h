@@ -62,4 +62,19 @@ int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32
 int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t tag,
                       std::chrono::milliseconds timeout);
 
+// A float32 piece of `count` elements all-reduced over a 16-bit wire
+// (`wire`: SF_DTYPE_BFLOAT16 or SF_DTYPE_FLOAT16), as one ring all-reduce's
+// bytes at 16 bits: a ring reduce-scatter over world_size segments in which
+// each rank adds its own float32 value (times `prescale` for the first
+// `scaled` elements) to the 16-bit partial sum it receives and rounds once,
+// then a ring all-gather of the 16-bit sums, widened into `data` (times
+// `postscale` for the first `scaled` elements). A rank's own value is thus
+// never rounded on its own: world_size roundings per element, not the
+// 2 world_size - 1 of a ring over values rounded first, and every rank ends
+// with the same bits. `scratch` is grown to `count` 16-bit values. Returns
+// the bytes this rank sent; throws as ringReduceScatter.
+int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int64_t scaled,
+                        sf_dtype wire, float prescale, float postscale, uint32_t tag,
+                        std::chrono::milliseconds timeout, std::vector<uint16_t>& scratch);
+
 }  // namespace sfsync

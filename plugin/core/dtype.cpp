@@ -141,6 +141,17 @@ SF_ALWAYS_INLINE void addLoop(T* out, const T* a, const T* b, size_t n) {
   }
 }
 
+// io[i] = round16(own[i] * k + widen(io[i])): a 16-bit ring's step, the
+// rank's own float32 value added unrounded to the partial sum received.
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+SF_ALWAYS_INLINE void addOwnLoop(uint16_t* io, const float* own, int64_t n, float k) {
+  if (k == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) io[i] = FromF(own[i] + ToF(io[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) io[i] = FromF(own[i] * k + ToF(io[i]));
+  }
+}
+
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
 SF_ALWAYS_INLINE void add16Loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n) {
   if (out == a) {
@@ -165,6 +176,8 @@ struct Loops {
   void (*addF64)(double*, const double*, const double*, size_t);
   void (*addHalf)(uint16_t*, const uint16_t*, const uint16_t*, size_t);
   void (*addBf16)(uint16_t*, const uint16_t*, const uint16_t*, size_t);
+  void (*addOwnHalf)(uint16_t*, const float*, int64_t, float);
+  void (*addOwnBf16)(uint16_t*, const float*, int64_t, float);
 };
 
 // One set of entry points, every function compiled with `target`.
@@ -202,8 +215,15 @@ struct Loops {
   target void addBf16(uint16_t* o, const uint16_t* a, const uint16_t* b, size_t n) {         \
     add16Loop<bf16Value, bf16Bits>(o, a, b, n);                                               \
   }                                                                                           \
+  target void addOwnHalf(uint16_t* io, const float* own, int64_t n, float k) {               \
+    addOwnLoop<halfValue, halfBits>(io, own, n, k);                                           \
+  }                                                                                           \
+  target void addOwnBf16(uint16_t* io, const float* own, int64_t n, float k) {               \
+    addOwnLoop<bf16Value, bf16Bits>(io, own, n, k);                                           \
+  }                                                                                           \
   constexpr Loops kLoops = {scaleF32,   scaleF64,   scaleHalf, scaleBf16, narrowHalf, narrowBf16, \
-                            widenHalf,  widenBf16,  addF32,    addF64,    addHalf,    addBf16};   \
+                            widenHalf,  widenBf16,  addF32,    addF64,    addHalf,    addBf16,    \
+                            addOwnHalf, addOwnBf16};                                              \
   }
 
 SF_DEFINE_LOOPS(baseline, )
@@ -292,6 +312,11 @@ void narrowTo16(uint16_t* dst, const float* src, int64_t numel, sf_dtype wire, f
 void widenFrom16(float* dst, const uint16_t* src, int64_t numel, sf_dtype wire, float factor) {
   const Loops& l = loops();
   (wire == SF_DTYPE_FLOAT16 ? l.widenHalf : l.widenBf16)(dst, src, numel, factor);
+}
+
+void addOwnTo16(uint16_t* io, const float* own, int64_t numel, sf_dtype wire, float factor) {
+  const Loops& l = loops();
+  (wire == SF_DTYPE_FLOAT16 ? l.addOwnHalf : l.addOwnBf16)(io, own, numel, factor);
 }
 
 void addInto(void* out, const void* a, const void* b, size_t n, sf_dtype dtype) {

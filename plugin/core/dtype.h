@@ -29,6 +29,10 @@ void copyScaled(void* dst, const void* src, int64_t numel, sf_dtype dtype, doubl
 // dst[i] = widen(src[i]) * factor. For carrying float32 buckets on a 16-bit wire.
 void narrowTo16(uint16_t* dst, const float* src, int64_t numel, sf_dtype wire, float factor);
 void widenFrom16(float* dst, const uint16_t* src, int64_t numel, sf_dtype wire, float factor);
+// io[i] = round16(own[i] * factor + widen(io[i])), the sum in float32: a
+// 16-bit ring's partial sum received in io, plus this rank's own value,
+// which is never rounded to 16 bits on its own.
+void addOwnTo16(uint16_t* io, const float* own, int64_t numel, sf_dtype wire, float factor);
 // out[i] = a[i] + b[i]: the reduction that the host backends apply.
 void addInto(void* out, const void* a, const void* b, size_t numel, sf_dtype dtype);
 

@@ -197,7 +197,7 @@ BOOST_AUTO_TEST_CASE(wide_and_baseline_loops_give_the_same_bits) {
     for (float k : {1.0f, 0.5f, 3.0f}) {
       for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(31), size_t(67), size_t(4096)}) {
         for (size_t at : {size_t(0), size_t(1), size_t(3)}) {
-          std::vector<uint16_t> nw[2], sum[2], inplace[2], scaled[2];
+          std::vector<uint16_t> nw[2], sum[2], inplace[2], scaled[2], own[2];
           std::vector<float> wd[2], sc[2];
           for (int pass = 0; pass < 2; ++pass) {
             useWideLoops(pass == 1);
@@ -213,6 +213,8 @@ BOOST_AUTO_TEST_CASE(wide_and_baseline_loops_give_the_same_bits) {
             addInto(inplace[pass].data(), inplace[pass].data(), other.data(), n, w);
             scaled[pass] = other;
             scaleInPlace(scaled[pass].data(), int64_t(n), w, double(k));
+            own[pass] = other;
+            addOwnTo16(own[pass].data(), f.data() + at, int64_t(n), w, k);
             sc[pass].assign(f.begin() + long(at), f.begin() + long(at + n));
             addInto(sc[pass].data(), sc[pass].data(), g.data() + at, n, SF_DTYPE_FLOAT32);
             scaleInPlace(sc[pass].data(), int64_t(n), SF_DTYPE_FLOAT32, double(k));
@@ -225,6 +227,8 @@ BOOST_AUTO_TEST_CASE(wide_and_baseline_loops_give_the_same_bits) {
               BOOST_TEST_REQUIRE(sameWire(sum[pass][i], narrow1(widen1(nw[pass][i]) + widen1(o)), w));
               BOOST_TEST_REQUIRE(sameWire(inplace[pass][i], sum[pass][i], w));
               BOOST_TEST_REQUIRE(sameWire(scaled[pass][i], narrow1(widen1(o) * k), w));
+              BOOST_TEST_REQUIRE(sameWire(
+                  own[pass][i], narrow1((k == 1.0f ? f[at + i] : f[at + i] * k) + widen1(o)), w));
               BOOST_TEST_REQUIRE(sameFloat(sc[pass][i], (f[at + i] + g[at + i]) * k));
             }
           }
@@ -232,6 +236,7 @@ BOOST_AUTO_TEST_CASE(wide_and_baseline_loops_give_the_same_bits) {
             BOOST_TEST_REQUIRE(nw[0][i] == nw[1][i], "narrow " << i << " of " << n);
             BOOST_TEST_REQUIRE(bitsOf(wd[0][i]) == bitsOf(wd[1][i]), "widen " << i << " of " << n);
             BOOST_TEST_REQUIRE(sameWire(sum[0][i], sum[1][i], w), "add " << i << " of " << n);
+            BOOST_TEST_REQUIRE(sameWire(own[0][i], own[1][i], w), "add own " << i << " of " << n);
             BOOST_TEST_REQUIRE(sameFloat(sc[0][i], sc[1][i]), "float32 " << i << " of " << n);
             ++compared;
           }

@@ -553,6 +553,54 @@ BOOST_AUTO_TEST_CASE(fp16_overflow_is_inf_without_a_prescale_and_finite_with_one
   }
 }
 
+BOOST_AUTO_TEST_CASE(each_owner_adds_its_own_float32_value_2_ranks) {
+  // Since 0.5 a rank never rounds its own contribution before it adds it:
+  // at two ranks an element's result is round(x_own + round(x_other)) (the
+  // sum in float32), for whichever rank owns it, the same bits on both
+  // ranks; never round(round(x0) + round(x1)), which rounds twice before
+  // the sum. Nearly cancelling pairs make the two differ: there the
+  // rounding of each input is most of the error.
+  const int64_t n = 8192;
+  for (sf_dtype wire : {SF_DTYPE_FLOAT16, SF_DTYPE_BFLOAT16}) {
+    const bool half = wire == SF_DTYPE_FLOAT16;
+    auto value = [&](int r, int64_t i) {
+      const uint64_t h = splitmix(uint64_t(i) + 77);
+      // x0: 24 significant bits, exponents -4..5 (fp16-safe); x1 = -x0 (1 + d), |d| < 2^-5.
+      const float x0 = float(std::ldexp(double((h & 0xffffff) | 0x800000), int((h >> 24) % 10) - 28));
+      const float s = (h >> 40) & 1 ? -1.0f : 1.0f;
+      const double d = std::ldexp(double(int64_t((h >> 41) % 2048) - 1024), -15);
+      return r == 0 ? s * x0 : float(-double(s * x0) * (1.0 + d));
+    };
+    auto r16 = [&](float x) { return float(roundTo16(x, wire)); };
+    for (sf_reduce_op op : {SF_REDUCE_SUM, SF_REDUCE_AVERAGE}) {
+      BOOST_TEST_CONTEXT("wire " << wire << ", op " << op) {
+        const float div = op == SF_REDUCE_AVERAGE ? 2.0f : 1.0f;
+        auto runs = reduceOnRanks(2, wire, op, 1.0, n, value);
+        int64_t wrong = 0, apart = 0, discriminating = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const float x0 = value(0, i), x1 = value(1, i);
+          const float own0 = r16(x0 + r16(x1)) / div, own1 = r16(x1 + r16(x0)) / div;
+          const float twice = r16(r16(x0) + r16(x1)) / div;
+          const float got = runs[0].out[size_t(i)];
+          apart += std::memcmp(&got, &runs[1].out[size_t(i)], sizeof got) != 0;
+          const bool ok = got == own0 || got == own1;
+          discriminating += twice != own0 && twice != own1;
+          if (!ok && wrong++ < 5) {
+            BOOST_TEST_MESSAGE("element " << i << std::hexfloat << ": x0 " << x0 << ", x1 " << x1
+                                          << ": got " << got << ", want " << own0 << " or " << own1
+                                          << " (rounded twice: " << twice << ")"
+                                          << std::defaultfloat);
+          }
+        }
+        BOOST_TEST(apart == 0);
+        BOOST_TEST(wrong == 0);
+        // The values do tell the two arithmetics apart.
+        BOOST_TEST(discriminating > n / (half ? 8 : 4));
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(documented_bound_on_adversarial_values_2_and_4_ranks) {
   // Each input a float32 ulp below a tie of the wire's grid (every rounding
   // close to its worst), same signs (errors cannot cancel), magnitudes over
