@@ -601,6 +601,34 @@ BOOST_AUTO_TEST_CASE(each_owner_adds_its_own_float32_value_2_ranks) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(uneven_and_empty_segments_3_ranks) {
+  // The ring cuts a piece into world_size segments: 3 ranks and sizes that
+  // leave segments short or empty (1 and 2 elements) or uneven. Every rank
+  // must end with the same bits, within the documented bound.
+  for (int64_t n : {int64_t(1), int64_t(2), int64_t(5), int64_t(7919)}) {
+    BOOST_TEST_CONTEXT("n " << n) {
+      auto value = [](int r, int64_t i) { return wireValue(r, i, true, 20); };
+      auto runs = reduceOnRanks(3, SF_DTYPE_BFLOAT16, SF_REDUCE_SUM, 1.0, n, value);
+      const double u = std::ldexp(1.0, -8);
+      int64_t apart = 0, over = 0, inexact = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double exact = 0, absSum = 0;
+        for (int r = 0; r < 3; ++r) {
+          exact += value(r, i);
+          absSum += std::fabs(value(r, i));
+        }
+        const float got = runs[0].out[size_t(i)];
+        for (const auto& run : runs) apart += std::memcmp(&got, &run.out[size_t(i)], sizeof got) != 0;
+        over += std::fabs(double(got) - exact) > 4 * u * absSum;
+        inexact += double(got) != exact;
+      }
+      BOOST_TEST(apart == 0);
+      BOOST_TEST(over == 0);
+      if (n > 1000) BOOST_TEST(inexact > n / 2);  // it went 16-bit
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(documented_bound_on_adversarial_values_2_and_4_ranks) {
   // Each input a float32 ulp below a tie of the wire's grid (every rounding
   // close to its worst), same signs (errors cannot cancel), magnitudes over
