@@ -292,15 +292,23 @@ BOOST_AUTO_TEST_CASE(memory_name_reused_while_first_job_lives_fails_fast) {
 BOOST_AUTO_TEST_CASE(file_store_missing_rank_times_out_and_reused_directory_is_a_mismatch) {
   const std::string dir = "/tmp/" + sftest::uniqueName("sfsync-filestore");
   const std::string url = "file://" + dir;
+  // Each job's rank 0 listens on an address of its own: a key holding the
+  // very bytes being written is a repeated write, not another job's (the
+  // store accepts it), and by chance the second job's port can be the one
+  // the first had just freed, which made this test fail once in CI.
+  auto connectFrom = [&](const char* host, int64_t timeoutMs) {
+    ScopedEnv env("SF_GLOO_HOSTNAME", host);
+    return bounded([&] { GlooBackend(gloo2(0, url, timeoutMs)).connect(); }, 30);
+  };
   // Rank 1 never arrives: bounded, naming the key and the directory.
-  const Outcome missing = bounded([&] { GlooBackend(gloo2(0, url, 800)).connect(); }, 30);
+  const Outcome missing = connectFrom("127.0.0.1", 800);
   expectBounded(missing, 0.8, {SF_ERR_TIMEOUT});
   BOOST_TEST(missing.message.find("sfsync%2f1") == std::string::npos);
   BOOST_TEST(missing.message.find("'sfsync/1'") != std::string::npos, missing.message);
   BOOST_TEST(missing.message.find(dir) != std::string::npos, missing.message);
   // A second job in the same directory meets the first job's keys: written
   // once, so a fast SF_ERR_MISMATCH instead of connecting to stale addresses.
-  const Outcome reused = bounded([&] { GlooBackend(gloo2(0, url, 5000)).connect(); }, 30);
+  const Outcome reused = connectFrom("127.0.0.2", 5000);
   BOOST_TEST(reused.finished);
   BOOST_TEST(reused.status == SF_ERR_MISMATCH, reused.message);
   BOOST_TEST(reused.seconds < 2.0, reused.seconds);
