@@ -894,7 +894,7 @@ def run_model(a, rank, world):
             # the 99.9th percentile of |dw|: the error of all but the
             # unluckiest thousandth of the weights
             p999 = a_diff.kthvalue(max(1, math.ceil(0.999 * a_diff.numel()))).values.item()
-            d = torch.tensor([diff.abs().max().item(), diff.norm().item(), p999],
+            d = torch.tensor([a_diff.max().item(), diff.norm().item(), p999],
                              dtype=torch.float64)
             dist.all_reduce(d, op=dist.ReduceOp.MAX)
             rec["weights_max_abs_diff_vs_ddp"] = d[0].item()

@@ -175,7 +175,10 @@ int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int6
                         sf_dtype wire, float prescale, float postscale, uint32_t tag,
                         std::chrono::milliseconds timeout, std::vector<uint16_t>& scratch) {
   const int w = context.size, r = context.rank;
-  if (scratch.size() < size_t(count)) scratch.resize(size_t(count));
+  // Segment k: elements [k seg, min(count, (k + 1) seg)), possibly short or
+  // empty; the scratch spans whole segments (the buffers the rings register).
+  const int64_t seg = (count + w - 1) / w;
+  if (scratch.size() < size_t(seg * w)) scratch.resize(size_t(seg * w));
   uint16_t* wireData = scratch.data();
   // f over [lo, hi) in at most two calls: the scaled elements, then the rest.
   auto byFactor = [scaled](int64_t lo, int64_t hi, float factor, auto&& f) {
@@ -188,52 +191,49 @@ int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int6
       narrowTo16(wireData + at, data + at, n, wire, k);
     });
   };
-  auto addOwn = [&](int64_t lo, int64_t hi) {
-    byFactor(lo, hi, prescale, [&](int64_t at, int64_t n, float k) {
-      addOwnTo16(wireData + at, data + at, n, wire, k);
-    });
-  };
   int64_t sent = 0;
   if (w == 1) {
     narrow(0, count);
   } else if (count > 0) {
-    // Segment k: elements [k seg, min(count, (k + 1) seg)), possibly empty.
-    const int64_t seg = (count + w - 1) / w;
-    auto segBegin = [&](int k) { return std::min<int64_t>(count, int64_t(k) * seg); };
-    auto segEnd = [&](int k) { return std::min<int64_t>(count, int64_t(k + 1) * seg); };
-    const int64_t chunkElems = ringChunkBytes(seg * 2, 2) / 2;
+    std::vector<int64_t> used(static_cast<size_t>(w));
+    for (int k = 0; k < w; ++k) used[size_t(k)] = std::max<int64_t>(0, std::min(seg, count - k * seg));
+    const RingPiece piece =
+        slicePiece(reinterpret_cast<char*>(wireData), seg, wire, w, 0, seg, used, seg);
+    const int64_t chunk = ringChunkBytes(largestSegment(piece), 2);
+    // A chunk's elements [lo, lo + n) of the piece.
+    auto elems = [&](int k, const RingSpan& c) {
+      return std::make_pair(k * seg + c.offsetBytes / 2, c.bytes / 2);
+    };
     const int right = (r + 1) % w, left = (r - 1 + w) % w;
-    auto buffer = context.createUnboundBuffer(wireData, size_t(count) * 2);
+    auto buffer = context.createUnboundBuffer(wireData, size_t(seg * w) * 2);
     for (int s = 0; s < w - 1; ++s) {
       const int sendSeg = mod(r - s - 1, w), recvSeg = mod(r - s - 2, w);
+      const std::vector<RingSpan> in = chunksOf(piece.spans[size_t(recvSeg)], chunk);
+      const std::vector<RingSpan> out = chunksOf(piece.spans[size_t(sendSeg)], chunk);
       // Every chunk's receive posted first, each into a buffer of its own
       // (so that its wait is its own), the sum taken as each one arrives.
-      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in;
-      for (int64_t lo = segBegin(recvSeg); lo < segEnd(recvSeg); lo += chunkElems) {
-        const int64_t n = std::min(chunkElems, segEnd(recvSeg) - lo);
-        in.push_back(context.createUnboundBuffer(wireData + lo, size_t(n) * 2));
-        in.back()->recv(left, chunkSlot(tag, s, in.size() - 1), 0, size_t(n) * 2);
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> inBuffers;
+      for (size_t k = 0; k < in.size(); ++k) {
+        const auto [lo, n] = elems(recvSeg, in[k]);
+        inBuffers.push_back(context.createUnboundBuffer(wireData + lo, size_t(n) * 2));
+        inBuffers.back()->recv(left, chunkSlot(tag, s, k), 0, size_t(n) * 2);
       }
-      size_t sends = 0;
-      for (int64_t lo = segBegin(sendSeg); lo < segEnd(sendSeg); lo += chunkElems) {
-        const int64_t n = std::min(chunkElems, segEnd(sendSeg) - lo);
+      for (size_t k = 0; k < out.size(); ++k) {
+        const auto [lo, n] = elems(sendSeg, out[k]);
         if (s == 0) narrow(lo, lo + n);  // later steps send the sums of the step before
-        buffer->send(right, chunkSlot(tag, s, sends++), size_t(lo) * 2, size_t(n) * 2);
+        buffer->send(right, chunkSlot(tag, s, k), size_t(lo) * 2, size_t(n) * 2);
         sent += n * 2;
       }
-      int64_t lo = segBegin(recvSeg);
-      for (auto& b : in) {
-        const int64_t n = std::min(chunkElems, segEnd(recvSeg) - lo);
-        waitOrFail(b->waitRecv(timeout), "16-bit reduce-scatter (recv)");
-        addOwn(lo, lo + n);
-        lo += n;
+      for (size_t k = 0; k < in.size(); ++k) {
+        const auto [lo, n] = elems(recvSeg, in[k]);
+        waitOrFail(inBuffers[k]->waitRecv(timeout), "16-bit reduce-scatter (recv)");
+        byFactor(lo, lo + n, prescale, [&](int64_t at, int64_t m, float f) {
+          addOwnTo16(wireData + at, data + at, m, wire, f);
+        });
       }
-      for (size_t k = 0; k < sends; ++k) waitOrFail(buffer->waitSend(timeout), "16-bit reduce-scatter (send)");
-    }
-    RingPiece piece{reinterpret_cast<char*>(wireData), seg * 2, wire, {}};
-    piece.spans.resize(size_t(w));
-    for (int k = 0; k < w; ++k) {
-      if (segEnd(k) > segBegin(k)) piece.spans[size_t(k)].push_back({0, (segEnd(k) - segBegin(k)) * 2});
+      for (size_t k = 0; k < out.size(); ++k) {
+        waitOrFail(buffer->waitSend(timeout), "16-bit reduce-scatter (send)");
+      }
     }
     sent += ringAllgather(context, piece, tag, timeout);
   }

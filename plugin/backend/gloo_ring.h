@@ -71,7 +71,8 @@ int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t t
 // `postscale` for the first `scaled` elements). A rank's own value is thus
 // never rounded on its own: world_size roundings per element, not the
 // 2 world_size - 1 of a ring over values rounded first, and every rank ends
-// with the same bits. `scratch` is grown to `count` 16-bit values. Returns
+// with the same bits. `scratch` is grown to whole segments (`count` 16-bit
+// values rounded up to a multiple of world_size). Returns
 // the bytes this rank sent; throws as ringReduceScatter.
 int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int64_t scaled,
                         sf_dtype wire, float prescale, float postscale, uint32_t tag,
