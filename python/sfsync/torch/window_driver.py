@@ -89,6 +89,8 @@ class WindowDriver:
         self.local_used = None   # this rank's used mask at the window's last pass
         self._hooks = []
         self._patched = []       # modules whose named_parameters() waits for the gathers
+        self._gather_plan = []   # (module, its buckets in forward order): install_gather_waits
+        self._armed = {}         # plan index -> its forward pre-hook, armed until it waited
 
     # -- what both callers read
 
@@ -272,6 +274,7 @@ class WindowDriver:
             # every other's. The same order on every rank.
             for b in reversed(range(self.buckets)):
                 self._collectives.start_gather(self.context, b)
+            self._arm_gather_waits()
         self._step = _TAKEN if self.sharded else None
 
     # -- the parameter gathers (sharded)
@@ -290,24 +293,47 @@ class WindowDriver:
         if in_flight:  # the forward's stream waits for them on the device
             self.store.after_gather()
 
+    def _arm_gather_waits(self):
+        """After the step started the gathers: every module's forward
+        pre-hook of the plan that is not armed yet (install_gather_waits)."""
+        me = weakref.WeakMethod(self._wait_armed)
+        for k, (m, _) in enumerate(self._gather_plan):
+            if k not in self._armed:
+                self._armed[k] = m.register_forward_pre_hook(_gather_hook(me, k))
+
+    def _wait_armed(self, k):
+        """Plan entry ``k``'s module is about to run: wait for its buckets'
+        gathers, then remove its hook (kept armed if the wait raised)."""
+        self.wait_gathers(self._gather_plan[k][1])
+        handle = self._armed.pop(k, None)
+        if handle is not None:
+            handle.remove()
+
     def install_gather_waits(self, bucket_of, overlap):
-        """Forward pre-hooks that wait for the gathers of each module's
-        parameters (``bucket_of``: id(parameter) -> bucket; every gather at
-        the model's forward when not ``overlap``), and reads of the
-        parameters outside a forward that wait for all of them: every
-        module's state_dict() and named_parameters() / parameters().
-        Direct attribute reads (``model.fc.weight``) cannot be seen."""
+        """The waits for the parameter gathers: forward pre-hooks that wait
+        for the gathers of each module's parameters (``bucket_of``:
+        id(parameter) -> bucket; every gather at the model's forward when
+        not ``overlap``), and reads of the parameters outside a forward that
+        wait for all of them: every module's state_dict() and
+        named_parameters() / parameters(). Direct attribute reads
+        (``model.fc.weight``) cannot be seen.
+
+        The forward pre-hooks are armed at each step, as its gathers start
+        (``stepped``), and each is removed once its wait returned: the
+        window's later forwards, and every forward of an unsharded or
+        not yet stepped model, run without them (issue 46: on the
+        transformer 75 modules x 4 micro-batches of hooks per window, each
+        asking the plugin, where one forward needs them)."""
         module = self.module
-        me = weakref.WeakMethod(self.wait_gathers)
         if not overlap:
-            self._hooks.append(module.register_forward_pre_hook(
-                _gather_hook(me, list(range(self.buckets))[::-1])))
+            self._gather_plan = [(module, list(range(self.buckets))[::-1])]
         else:
+            self._gather_plan = []
             for m in module.modules():
                 buckets = sorted({bucket_of[id(p)] for p in m.parameters(recurse=False)
                                   if id(p) in bucket_of}, reverse=True)
                 if buckets:
-                    self._hooks.append(m.register_forward_pre_hook(_gather_hook(me, buckets)))
+                    self._gather_plan.append((m, buckets))
         ref = weakref.ref(self)
         for m in module.modules():
             if hasattr(m, "register_state_dict_pre_hook"):
@@ -321,9 +347,10 @@ class WindowDriver:
         """GradientSync.close(): wait for the gathers, remove the hooks and
         the patched reads."""
         self.wait_parameters()
-        for h in self._hooks:
+        for h in self._hooks + list(self._armed.values()):
             h.remove()
         self._hooks = []
+        self._armed = {}
         for m in self._patched:
             m.__dict__.pop("named_parameters", None)
         self._patched = []
@@ -356,9 +383,9 @@ def _waiting_named_parameters(me, module):
     return named_parameters
 
 
-def _gather_hook(method, buckets):
+def _gather_hook(method, k):
     def hook(module, inputs):
         wait = method()
         if wait is not None:
-            wait(buckets)
+            wait(k)
     return hook

@@ -143,6 +143,70 @@ class ShardedSchedule(unittest.TestCase):
         self.assertEqual(driver.phase, Phase.STEPPED)  # the step's fact: the driver's own
         self.assertEqual({"phase", "waited", "gathering", "whole"} & set(vars(driver)), set())
 
+    def sfsync_pre_hooks(self, model):
+        """The sfsync forward pre-hooks on the model's modules (the driver's)."""
+        return sum(1 for m in model.modules() for h in m._forward_pre_hooks.values()
+                   if getattr(h, "__qualname__", "").startswith("_gather_hook"))
+
+    def check_gather_waits_only_in_the_first_forward(self, overlap_gather):
+        """Issue 46: the forward pre-hooks that wait for a step's parameter
+        gathers are armed at the step and each removed once it waited: the
+        window's first forward asks the plugin, its later forwards run
+        without a hook (the transformer of bench/torch2_bench.py paid 75
+        modules x 4 micro-batches of them per window, each asking
+        sf_bucket_state). Every parameter is still the gathered one when
+        the forward reads it."""
+        width = 32
+        model = layers(3, width)
+        with mock.patch.dict(os.environ):
+            os.environ.pop("SF_BUCKET_CAP_MB", None)
+            sync = sft.GradientSync(model, accumulation_steps=2, shard_optimizer=True,
+                                    bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6, **LOCAL)
+        self.addCleanup(sync.close)
+        opt = sync.optimizer(torch.optim.AdamW, model.parameters(), lr=0.01,
+                             overlap_gather=overlap_gather, overlap_step=True)
+        modules = 3 if overlap_gather else 1  # the Linears, or the model alone
+        self.assertEqual(self.sfsync_pre_hooks(model), 0)  # nothing to wait for yet
+        asked = []
+        state = sfsync.Context.bucket_state
+
+        def counted(ctx, b):
+            asked.append(b)
+            return state(ctx, b)
+        patch = mock.patch.object(sfsync.Context, "bucket_state", counted)
+        patch.start()
+        self.addCleanup(patch.stop)
+        for w in range(3):
+            for i in range(2):
+                asked.clear()
+                x = torch.randn(3, width, generator=torch.Generator().manual_seed(10 * w + i))
+                out = model(x)
+                # the first forward after a step waited for every bucket (6:
+                # 3 Linears, weight and bias); none before the first step
+                self.assertEqual(len(asked), 6 if (w and i == 0) else 0, (w, i, asked))
+                self.assertEqual(self.sfsync_pre_hooks(model), 0, (w, i))
+                if w and i == 0:
+                    self.assertEqual(sync.context.bucket_states(), ["gathered"] * 6)
+                out.pow(2).mean().backward()
+            opt.step()
+            self.assertEqual(self.sfsync_pre_hooks(model), modules)  # armed by the step
+            opt.zero_grad()
+        # A step without a forward between: each hook armed once, not twice.
+        x = torch.randn(3, width)
+        model(x).sum().backward()
+        model(x).sum().backward()
+        opt.step()
+        self.assertEqual(self.sfsync_pre_hooks(model), modules)
+        opt.wait_parameters()  # a read outside a forward waits too; the hooks then
+        model(x)               # find nothing in flight and go
+        self.assertEqual(self.sfsync_pre_hooks(model), 0)
+
+    def test_gather_waits_only_in_the_first_forward_per_module(self):
+        self.check_gather_waits_only_in_the_first_forward(True)
+
+    def test_gather_waits_only_in_the_first_forward_whole_model(self):
+        self.check_gather_waits_only_in_the_first_forward(False)
+
     def test_default_cap_is_an_eighth_of_the_gradients(self):
         model = layers(32, 512)  # 32 x (1 MiB + 2 KiB): the cap is 4.0 MiB
         sync, _ = self.make(model)

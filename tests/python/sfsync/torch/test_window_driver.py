@@ -223,16 +223,22 @@ class WindowDriverSequence(unittest.TestCase):
         d, r = driver(sharded=True, module=module)
         d.attach_stepping(False, True)
         d.install_gather_waits({id(p): 0 for p in module.parameters()}, True)
-        r.states[0] = "gathering"
+        d.stepped()  # the step starts the gathers (bucket 0 holds both Linears)
+        self.assertEqual(r.calls, [("before_plugin",)] + [("start_gather", b) for b in (2, 1, 0)])
         list(module.named_parameters())
-        self.assertEqual(r.calls, [("wait_gather", -1), ("after_gather",)])
+        self.assertEqual(r.calls[4:], [("wait_gather", -1), ("after_gather",)])
         r.states[0] = "gathering"
         module(torch.ones(1, 2))  # the forward's pre-hooks wait for their buckets
-        self.assertEqual(r.calls[2:], [("wait_gather", 0), ("after_gather",)])
-        d.close()
+        self.assertEqual(r.calls[6:], [("wait_gather", 0), ("after_gather",)])
+        r.states[0] = "gathering"
+        module(torch.ones(1, 2))  # waited once per step: the hooks went
+        self.assertEqual(len(r.calls), 8)
+        d.close()  # (waits for the gather in flight)
+        self.assertEqual(r.calls[8:], [("wait_gather", -1), ("after_gather",)])
         r.states[0] = "gathering"
         list(module.named_parameters())
-        self.assertEqual(len(r.calls), 4)  # hooks and patched reads gone
+        module(torch.ones(1, 2))
+        self.assertEqual(len(r.calls), 10)  # hooks and patched reads gone
 
 
 if __name__ == "__main__":
