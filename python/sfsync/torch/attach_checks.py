@@ -17,7 +17,7 @@ from sfsync import shard
 
 __all__ = ["trainable", "signature", "check_layout", "check_shard_setting",
            "ACCUMULATE_DTYPES", "accumulate_dtype_of", "call", "grad_hook",
-           "post_accumulate_hook", "forward_hook"]
+           "post_accumulate_hook", "forward_hook", "GradReport", "install_grad_hooks"]
 
 
 def trainable(module):
@@ -123,10 +123,64 @@ def grad_hook(method, i):
     return hook
 
 
-def post_accumulate_hook(method, i):
-    def hook(param):
+class GradReport:
+    """What the post-accumulate-grad hooks read to report a plain host
+    gradient themselves (issue 46: the transformer of bench/torch2_bench.py
+    runs 148 hooks per backward, four backwards per window): while a pass
+    runs (``ready`` set by GradientSync._start_pass, cleared at its end), a
+    parameter whose ``.grad`` is its view in the flat buffer
+    (GradientStore.plain) is marked reported and handed to sf_grad_ready in
+    the hook, without a frame of GradientSync's; the rest (a pass's first
+    hook, a ``.grad`` to adopt, an accumulated or a device gradient) goes
+    through GradientSync._hook_grad. Holds no reference to the GradientSync:
+    the hooks must not keep it alive."""
+
+    __slots__ = ("ready", "views", "ids", "reported")
+
+    def __init__(self, views, ids):
+        self.ready = None      # the context's grad_ready while a pass runs
+        self.views = views     # per parameter: its view if plain, else a tensor no .grad is
+        self.ids = ids         # per parameter: its gradient id
+        self.reported = None   # GradientSync._reported of the pass
+
+
+def post_accumulate_hook(method, i, report=None):
+    if report is None:
+        def hook(param):
+            call(method, i)
+        return hook
+
+    def fast_hook(param):
+        ready = report.ready
+        if ready is not None and param.grad is report.views[i]:
+            report.reported[i] = True
+            ready(report.ids[i])
+            return
         call(method, i)
-    return hook
+    return fast_hook
+
+
+def install_grad_hooks(params, store, grad):
+    """Each parameter's hook at its gradient's accumulation, calling the
+    WeakMethod ``grad`` with its index; returns (the hooks' GradReport or
+    None, [(the node holding the hook or None, its handle)])."""
+    handles = []
+    if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):  # torch < 2.1
+        with torch.enable_grad():
+            for i, p in enumerate(params):
+                # torch 1.13: a post hook on p's AccumulateGrad node (the
+                # same moment). Kept here: the parameter holds it weakly.
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                handles.append((acc, acc.register_hook(grad_hook(grad, i))))
+        return None, handles
+    # (a tensor no .grad is: a parameter that is not plain takes the long way)
+    never = torch.empty(0)
+    report = GradReport([v if plain else never for v, plain in zip(store.views, store.plain)],
+                        list(store.ids))
+    for i, p in enumerate(params):  # runs after the new gradient was added into p.grad
+        handles.append((None, p.register_post_accumulate_grad_hook(
+            post_accumulate_hook(grad, i, report))))
+    return report, handles
 
 
 def forward_hook(method):

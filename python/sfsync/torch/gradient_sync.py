@@ -21,8 +21,8 @@ import sfsync
 from sfsync import shard
 from sfsync.host_window import HostWindow
 from sfsync.torch.attach_checks import (accumulate_dtype_of, call, check_layout,
-                                        check_shard_setting, forward_hook,
-                                        grad_hook, post_accumulate_hook, signature, trainable)
+                                        check_shard_setting, forward_hook, install_grad_hooks,
+                                        signature, trainable)
 from sfsync.torch.face import SET_TO_NONE_DEFAULT, WindowFace, check_counts, set_window
 from sfsync.torch.rendezvous import log, make_context
 from sfsync.torch.store import GradientStore, broadcast_tensors
@@ -163,6 +163,7 @@ class GradientSync(WindowFace, Weighing):
         self.context = context
         self._hooks = bool(hooks)
         self._handles = []
+        self._report = None  # the hooks' fast path (GradReport), with the hooks
         self.store = None  # the registered gradients (store.py), made with the context
         self._reported = None
         self._verify_every = verify_every
@@ -232,17 +233,8 @@ class GradientSync(WindowFace, Weighing):
     def _install_hooks(self):
         # Hooks hold weak methods: they must not keep an abandoned GradientSync alive.
         grad, forward = weakref.WeakMethod(self._hook_grad), weakref.WeakMethod(self._hook_forward)
-        public = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")  # torch >= 2.1
-        with torch.enable_grad():
-            for i, p in enumerate(self.params):
-                if public:  # runs after the new gradient was added into p.grad
-                    self._handles.append((None, p.register_post_accumulate_grad_hook(
-                        post_accumulate_hook(grad, i))))
-                    continue
-                # torch 1.13: a post hook on p's AccumulateGrad node (the
-                # same moment). Kept here: the parameter holds it weakly.
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                self._handles.append((acc, acc.register_hook(grad_hook(grad, i))))
+        self._report, handles = install_grad_hooks(self.params, self.store, grad)
+        self._handles += handles
         self._handles.append((None, self.module.register_forward_pre_hook(forward_hook(forward))))
 
     # -- the pass and the window
@@ -310,6 +302,9 @@ class GradientSync(WindowFace, Weighing):
         self._driver.in_pass = True
         self._reported = [False] * len(self.params)
         self._begin_pass()  # (decided at the forward already, unless it had no hook)
+        if self._report is not None:  # the hooks report plain gradients themselves
+            self._report.reported = self._reported
+            self._report.ready = self.context.grad_ready  # (a closed context: its error)
         end = weakref.WeakMethod(self._hook_end_pass)
         _queue_callback(lambda: call(end))
 
@@ -335,6 +330,8 @@ class GradientSync(WindowFace, Weighing):
 
     def _end_pass(self):
         self._driver.in_pass = False
+        if self._report is not None:
+            self._report.ready = None
         if self.store.deferred:
             self.store.attach_deferred()  # the first pass's unused: from zero
         if self._track_unused:
@@ -479,6 +476,8 @@ class GradientSync(WindowFace, Weighing):
         for _, handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._report is not None:
+            self._report.ready = None
         self._keep_windows()  # (the context goes below)
         if self._driver is not None:
             self._driver.close()  # the gathers waited, their hooks removed

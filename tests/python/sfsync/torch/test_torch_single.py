@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import unittest
+import unittest.mock
 import uuid
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -197,6 +198,51 @@ class FlatBufferViews(unittest.TestCase):
                     topt.zero_grad(set_to_none=True)
                 for a, b in zip(model.parameters(), twin.parameters()):
                     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+    @unittest.skipUnless(hasattr(torch.Tensor, "register_post_accumulate_grad_hook"),
+                         "torch < 2.1: the hooks are AccumulateGrad post hooks, one path")
+    def test_plain_gradients_are_reported_by_their_hook_alone(self):
+        """Issue 46: while a pass runs, a host gradient whose .grad is its
+        view is reported by its own hook (one grad_ready), without
+        GradientSync's frames: only a pass's first hook and a .grad to adopt
+        take the long way. The plugin still counts every grad-ready call,
+        every local pass and every collective."""
+        from sfsync.torch.gradient_sync import GradientSync
+        seen = []
+        long_way = GradientSync._hook_grad
+
+        def counted(self, i):
+            seen.append(i)
+            return long_way(self, i)
+        model, twin = mlp(), mlp()
+        n = len(list(model.parameters()))
+        with unittest.mock.patch.object(GradientSync, "_hook_grad", counted):
+            sync = sfsync_torch.GradientSync(model, accumulation_steps=3, **PLAIN)
+        with sync:
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            topt = torch.optim.SGD(twin.parameters(), lr=0.1)
+            for window in range(2):
+                for micro in range(3):
+                    seen.clear()
+                    x = data(3 * window + micro)
+                    model(x).sum().backward()
+                    twin(x).sum().backward()
+                    # the first window's .grad are views from the start; the
+                    # second's were set to None: its first pass adopts each
+                    want = n if (window, micro) == (1, 0) else 1
+                    self.assertEqual(len(seen), want, (window, micro, seen))
+                self.assertTrue(sync.is_step())
+                for p, q in zip(model.parameters(), twin.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6)
+                opt.step()
+                topt.step()
+                opt.zero_grad(set_to_none=window == 0)
+                topt.zero_grad(set_to_none=window == 0)
+            s = sync.stats()
+            self.assertEqual((s["deferred_ready_calls"], s["deferred_passes"]), (2 * 2 * n, 4))
+            self.assertEqual(s["windows_completed"], 2)
+            self.assertEqual(s["collectives_issued"], 2 * s["bucket_count"])
+            self.assertIsNone(sync._report.ready)  # off between passes
 
     def test_grad_replaced_inside_a_window_fails_loudly(self):
         model = mlp()
