@@ -33,7 +33,10 @@ memory and streams (store.py).
 """
 
 import enum
+import inspect
 import weakref
+
+import torch
 
 import sfsync
 from sfsync import shard
@@ -42,6 +45,10 @@ from sfsync.torch.store import broadcast_tensors
 from sfsync.torch.weighted import zero_weight
 
 __all__ = ["WindowDriver", "Phase"]
+
+# register_forward_pre_hook's keyword that puts a hook first (torch >= 2.0)
+_FIRST = ({"prepend": True} if "prepend" in
+          inspect.signature(torch.nn.Module.register_forward_pre_hook).parameters else {})
 
 # WindowDriver._step: the window's optimizer step is due, or was taken.
 _DUE, _TAKEN = "due", "taken"
@@ -299,7 +306,9 @@ class WindowDriver:
         me = weakref.WeakMethod(self._wait_armed)
         for k, (m, _) in enumerate(self._gather_plan):
             if k not in self._armed:
-                self._armed[k] = m.register_forward_pre_hook(_gather_hook(me, k))
+                # Before the module's other pre-hooks (torch >= 2.0), which
+                # may read its parameters (weight_norm's computes the weight)
+                self._armed[k] = m.register_forward_pre_hook(_gather_hook(me, k), **_FIRST)
 
     def _wait_armed(self, k):
         """Plan entry ``k``'s module is about to run: wait for its buckets'

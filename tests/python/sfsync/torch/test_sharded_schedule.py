@@ -20,6 +20,7 @@ One rank (the order and the plan are the same at any world size); seconds.
     PYTHONPATH=python SFSYNC_LIBRARY=build/plugin/libsfsync.so.1 /usr/bin/python3 tests/python/sfsync/torch/test_sharded_schedule.py
 """
 
+import inspect
 import os
 import sys
 import unittest
@@ -200,6 +201,29 @@ class ShardedSchedule(unittest.TestCase):
         opt.wait_parameters()  # a read outside a forward waits too; the hooks then
         model(x)               # find nothing in flight and go
         self.assertEqual(self.sfsync_pre_hooks(model), 0)
+
+    def test_gather_waits_run_before_the_hosts_own_pre_hooks(self):
+        """A pre-hook the host registers after the attach (weight_norm's
+        kind, which reads the module's parameters) runs after sfsync's wait
+        for the module's gathers (torch >= 2.0: armed with prepend=True)."""
+        if "prepend" not in inspect.signature(torch.nn.Module.register_forward_pre_hook).parameters:
+            self.skipTest("torch < 2.0: no prepend, the hook runs where it was registered")
+        width = 16
+        model = layers(2, width)
+        sync, opt = self.make(model, overlap_step=True, bucket_cap_mb=1e-6,
+                              first_bucket_cap_mb=1e-6)
+        seen = []
+        model[0].register_forward_pre_hook(
+            lambda m, i: seen.append(sync.context.bucket_states()))
+        x = torch.randn(3, width)
+        for _ in range(2):
+            model(x).sum().backward()
+        opt.step()
+        self.assertIn("gathering", sync.context.bucket_states())
+        seen.clear()
+        model(x)
+        # model[0]'s buckets (its weight and bias: the last two) waited first
+        self.assertEqual(seen[0][-2:], ["gathered", "gathered"], seen)
 
     def test_gather_waits_only_in_the_first_forward_per_module(self):
         self.check_gather_waits_only_in_the_first_forward(True)
