@@ -144,20 +144,15 @@ class GradReport:
         self.reported = None   # GradientSync._reported of the pass
 
 
-def post_accumulate_hook(method, i, report=None):
-    if report is None:
-        def hook(param):
-            call(method, i)
-        return hook
-
-    def fast_hook(param):
+def post_accumulate_hook(method, i, report):
+    def hook(param):
         ready = report.ready
         if ready is not None and param.grad is report.views[i]:
             report.reported[i] = True
             ready(report.ids[i])
             return
         call(method, i)
-    return fast_hook
+    return hook
 
 
 def install_grad_hooks(params, store, grad):
