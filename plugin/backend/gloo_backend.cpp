@@ -310,7 +310,6 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
   // A segment's piece puts world_size times its bytes on the wire.
   const int64_t pieceElems = std::max<int64_t>(
       1, pieceElemsOf(segmentElems, elemBytes, segmentElems * elemBytes * opts_.world_size, lanes_));
-  const int rank = opts_.rank;
   const std::chrono::milliseconds timeout(opts_.timeout_ms);
   std::vector<std::future<TaskResult>> futures;
   int64_t count = 0;
@@ -324,28 +323,24 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
     std::vector<char>* scratch = &ringScratch_[lane];  // only this lane's thread uses it
     const int64_t piece = int64_t(futures.size());
     char* base = static_cast<char*>(data);
-    auto task = [this, context, scratch, base, begin, count, dtype, elemBytes, segmentElems, spec,
-                 lane, piece, tag, rank, timeout] {
+    auto task = [this, context, scratch, base, begin, count, dtype, segmentElems, spec, lane,
+                 piece, tag, timeout] {
       throwIfFailed();
       int64_t sent = 0;
       const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane),
                            "reduce_scatter", spec.bucket, piece, &sent);
       try {
         const int64_t dataEnd = spec.dataEnd(segmentElems);
+        // Scales on this rank's own piece only (the shard), after the sum:
+        // the ring scales each chunk as it takes its last sum.
         glooCall("reduce-scatter", [&] {
           sent = ringReduceScatter(*context,
                                    slicePiece(base, segmentElems, dtype, context->size, begin,
                                               count, spec.segmentUsed, dataEnd),
-                                   tag, timeout, *scratch);
+                                   tag, timeout, *scratch, spec.prescale * spec.postscale,
+                                   spec.scaledElems);
         });
         ringBytesSent_.fetch_add(sent);
-        // Scales on this rank's own piece only (the shard), after the sum.
-        const int64_t scaled = spec.scaledElems < 0
-                                   ? count
-                                   : std::max<int64_t>(0, std::min(count, spec.scaledElems - begin));
-        char* own = base + (rank * segmentElems + begin) * elemBytes;
-        const double factor = spec.prescale * spec.postscale;
-        if (factor != 1.0 && scaled > 0) scaleInPlace(own, scaled, dtype, factor);
       } catch (const Error& e) {
         noteFailure(e.status(), e.what());
         throw;

@@ -113,13 +113,27 @@ uint64_t chunkSlot(uint32_t tag, int step, size_t k) {
 }  // namespace
 
 int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32_t tag,
-                          std::chrono::milliseconds timeout, std::vector<char>& scratch) {
+                          std::chrono::milliseconds timeout, std::vector<char>& scratch,
+                          double factor, int64_t scaledEnd) {
   const int w = context.size, r = context.rank;
-  if (w == 1) return 0;
-  const int64_t most = largestSegment(piece);
-  if (most == 0) return 0;
-  const int right = (r + 1) % w, left = (r - 1 + w) % w;
   const size_t esize = dtypeSize(piece.dtype);
+  char* mine = piece.base + r * piece.strideBytes;
+  // This rank's sums in [offsetBytes, offsetBytes + bytes) of its segment,
+  // times the factor below scaledEnd.
+  const int64_t scaledEndBytes = scaledEnd < 0 ? piece.strideBytes : scaledEnd * int64_t(esize);
+  auto scaleMine = [&](const RingSpan& span) {
+    const int64_t hi = std::min(span.offsetBytes + span.bytes, scaledEndBytes);
+    if (factor != 1.0 && hi > span.offsetBytes) {
+      scaleInPlace(mine + span.offsetBytes, (hi - span.offsetBytes) / int64_t(esize), piece.dtype,
+                   factor);
+    }
+  };
+  const int64_t most = largestSegment(piece);
+  if (w == 1 || most == 0) {  // no sum travels: the segment holds them already
+    for (const RingSpan& span : piece.spans[size_t(r)]) scaleMine(span);
+    return 0;
+  }
+  const int right = (r + 1) % w, left = (r - 1 + w) % w;
   // The neighbour's partial sums arrive chunk by chunk into two halves of
   // the scratch in turn, each added while the next one arrives: the scratch
   // stays at two chunks (1 MiB for segments up to 32 MiB), not the largest
@@ -149,6 +163,7 @@ int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32
       char* own = piece.base + recvChunk * piece.strideBytes + in[k].offsetBytes;
       addInto(own, own, scratch.data() + (k % 2) * chunk, size_t(in[k].bytes) / esize,
               piece.dtype);  // 16-bit: in float32
+      if (s == w - 2) scaleMine(in[k]);  // the last step receives this rank's own segment
       if (k + 2 < in.size()) half->recv(left, chunkSlot(tag, s, k + 2), 0, size_t(in[k + 2].bytes));
     }
     for (size_t k = 0; k < out.size(); ++k) waitOrFail(data->waitSend(timeout), "reduce-scatter (send)");

@@ -50,14 +50,20 @@ constexpr int64_t kRingChunkBytes = 512 * 1024;
 constexpr int64_t kRingMaxChunks = 64;
 int64_t ringChunkBytes(int64_t largestSegmentBytes, size_t elemBytes);
 
-// Afterwards this rank's piece of segment `rank` holds the sum over ranks.
+// Afterwards this rank's piece of segment `rank` holds the sum over ranks,
+// times `factor` for its elements below `scaledEnd` (an element index in
+// the segment; -1: every element): each chunk is scaled as its last sum is
+// taken, while it is in cache, rather than in a pass over the shard
+// afterwards (the same bits: the sum rounded, then the product). Only the
+// piece's spans are scaled, never its padding.
 // `scratch` (grown to two chunks, ringChunkBytes) receives the neighbour's
 // partial sums; `tag`
 // is the same on every rank and unique among collectives in flight.
 // Returns the bytes this rank sent. Throws what Gloo throws (the caller maps
 // it), or sfsync::Error(SF_ERR_TIMEOUT) when a wait is aborted.
 int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32_t tag,
-                          std::chrono::milliseconds timeout, std::vector<char>& scratch);
+                          std::chrono::milliseconds timeout, std::vector<char>& scratch,
+                          double factor = 1.0, int64_t scaledEnd = -1);
 
 // Afterwards every segment's piece holds what its rank held.
 int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t tag,

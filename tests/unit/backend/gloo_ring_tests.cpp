@@ -1,6 +1,7 @@
 // The Gloo ring reduce-scatter (plugin/backend/gloo_ring.cpp) through two
 // GlooBackends as threads of this process (memory:// store): exact sums
-// across chunk boundaries, and a receive scratch of two chunks per lane
+// across chunk boundaries, the owner's scaling taken chunk by chunk with
+// the bits of a separate pass, and a receive scratch of two chunks per lane
 // instead of a whole segment per lane (0.3 kept each lane's largest piece
 // allocated: about one shard per lane, measured 8 MB on bench/torch2_bench's
 // MLP at 2 ranks).
@@ -75,7 +76,7 @@ double loadValue(const char* p, sf_dtype dtype) {
 double valueOf(int r, int64_t s, int64_t k) { return double((r + 1) * ((k + 3 * s) % 13)); }
 
 std::vector<RankResult> reduceScatter(int world, int64_t segmentElems, sf_dtype dtype,
-                                      int repeats) {
+                                      int repeats, const ReduceSpec& spec = ReduceSpec{}) {
   const std::string name = sftest::uniqueName("ring");
   auto store = MemoryStore::named(name);  // held while the ranks use it
   return sftest::runThreadRanks<RankResult>(world, [&](int r) {
@@ -91,7 +92,7 @@ std::vector<RankResult> reduceScatter(int world, int64_t segmentElems, sf_dtype 
             storeValue(buf.data() + size_t(s * segmentElems + k) * esize, dtype, valueOf(r, s, k));
           }
         }
-        backend.startReduceScatter(buf.data(), segmentElems, dtype, ReduceSpec{})->wait();
+        backend.startReduceScatter(buf.data(), segmentElems, dtype, spec)->wait();
       }
       out.scratch = backend.ringScratchBytes();
       for (int64_t k = 0; k < segmentElems; ++k) {
@@ -119,6 +120,33 @@ void expectSums(const std::vector<RankResult>& results, int world, int64_t segme
       }
     }
     BOOST_TEST(wrong == 0, "rank " << r << ": " << wrong << " wrong sums, the first at " << first);
+  }
+}
+
+// The sums times `factor` below element `scaledEnd` of each segment, in
+// `dtype`'s bits: the sum stored (exact: small integers), then scaled by
+// scaleInPlace, as a separate pass over the shard would.
+void expectScaledSums(const std::vector<RankResult>& results, int world, int64_t segmentElems,
+                      sf_dtype dtype, double factor, int64_t scaledEnd) {
+  const size_t esize = dtypeSize(dtype);
+  for (int r = 0; r < world; ++r) {
+    const RankResult& got = results[size_t(r)];
+    BOOST_TEST_REQUIRE(got.error.empty(), "rank " << r << ": " << got.error);
+    BOOST_REQUIRE_EQUAL(got.own.size(), size_t(segmentElems));
+    int64_t wrong = 0, first = -1;
+    for (int64_t k = 0; k < segmentElems; ++k) {
+      double sum = 0;
+      for (int q = 0; q < world; ++q) sum += valueOf(q, r, k);
+      std::vector<char> one(esize);
+      storeValue(one.data(), dtype, sum);
+      if (k < scaledEnd) scaleInPlace(one.data(), 1, dtype, factor);
+      if (got.own[size_t(k)] != loadValue(one.data(), dtype)) {
+        if (first < 0) first = k;
+        ++wrong;
+      }
+    }
+    BOOST_TEST(wrong == 0, "rank " << r << ": " << wrong << " wrong, the first at " << first
+                                    << " (scaled below " << scaledEnd << ")");
   }
 }
 
@@ -155,6 +183,28 @@ BOOST_AUTO_TEST_CASE(three_ranks_sixteen_bit_and_float64_across_chunk_edges) {
              kRingChunkBytes / 2 + 1);
   expectSums(reduceScatter(3, 2 * kRingChunkBytes / 8 + 3, SF_DTYPE_FLOAT64, 1), 3,
              2 * kRingChunkBytes / 8 + 3);
+}
+
+BOOST_AUTO_TEST_CASE(own_sums_are_scaled_below_the_reserved_tail_as_their_chunk_arrives) {
+  // The ring scales each chunk of this rank's segment as its last sum is
+  // taken; the bits must equal a pass scaling the finished sums, at 1, 2 and
+  // 3 ranks (1: no ring), the scaled end inside the second chunk, and past
+  // it only the sums (the reserved tail, e.g. a window check).
+  for (const sf_dtype dtype : {SF_DTYPE_FLOAT32, SF_DTYPE_BFLOAT16}) {
+    for (const int world : {1, 2, 3}) {
+      const int64_t esize = int64_t(dtypeSize(dtype));
+      const int64_t elems = 2 * kRingChunkBytes / esize + 7;
+      const int64_t scaledEnd = kRingChunkBytes / esize + 11;
+      ReduceSpec spec;
+      spec.prescale = 1.0 / 3.0;  // the product of both scales, as the reduce-scatter takes them
+      spec.postscale = 1.0 / world;
+      spec.scaledElems = scaledEnd;
+      BOOST_TEST_CONTEXT(dtypeName(dtype) << ", " << world << " ranks") {
+        expectScaledSums(reduceScatter(world, elems, dtype, 1, spec), world, elems, dtype,
+                         spec.prescale * spec.postscale, scaledEnd);
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
