@@ -123,6 +123,11 @@ def grad_hook(method, i):
     return hook
 
 
+# A tensor no .grad is: the view of a parameter that is not plain in a
+# GradReport (it takes the long way).
+_NOT_PLAIN = torch.empty(0)
+
+
 class GradReport:
     """What the post-accumulate-grad hooks read to report a plain host
     gradient themselves (issue 46: the transformer of bench/torch2_bench.py
@@ -130,16 +135,22 @@ class GradReport:
     runs (``ready`` set by GradientSync._start_pass, cleared at its end), a
     parameter whose ``.grad`` is its view in the flat buffer
     (GradientStore.plain) is marked reported and handed to sf_grad_ready in
-    the hook, without a frame of GradientSync's; the rest (a pass's first
-    hook, a ``.grad`` to adopt, an accumulated or a device gradient) goes
-    through GradientSync._hook_grad. Holds no reference to the GradientSync:
-    the hooks must not keep it alive."""
+    the hook, without a frame of GradientSync's. In the window's first pass
+    (``adopt``) a plain parameter's fresh ``.grad`` (autograd's, after a
+    ``zero_grad`` set it to None) is adopted there too: copied into its
+    view, which becomes its ``.grad`` again (GradientStore.adopt_grad's
+    common case; 148 adoptions a window on the transformer, each about
+    30 us through GradientSync's frames). The rest (a pass's first hook, an
+    accumulated, masked or device gradient, a ``.grad`` replaced after the
+    first pass) goes through GradientSync._hook_grad. Holds no reference to
+    the GradientSync: the hooks must not keep it alive."""
 
-    __slots__ = ("ready", "views", "ids", "reported")
+    __slots__ = ("ready", "adopt", "views", "ids", "reported")
 
     def __init__(self, views, ids):
         self.ready = None      # the context's grad_ready while a pass runs
-        self.views = views     # per parameter: its view if plain, else a tensor no .grad is
+        self.adopt = False     # the pass is the window's first: fresh .grad are adopted
+        self.views = views     # per parameter: its view if plain, else _NOT_PLAIN
         self.ids = ids         # per parameter: its gradient id
         self.reported = None   # GradientSync._reported of the pass
 
@@ -147,10 +158,19 @@ class GradReport:
 def post_accumulate_hook(method, i, report):
     def hook(param):
         ready = report.ready
-        if ready is not None and param.grad is report.views[i]:
-            report.reported[i] = True
-            ready(report.ids[i])
-            return
+        if ready is not None:
+            g, view = param.grad, report.views[i]
+            if g is view:
+                report.reported[i] = True
+                ready(report.ids[i])
+                return
+            if report.adopt and view is not _NOT_PLAIN and g is not None and \
+                    g.data_ptr() != view.data_ptr():
+                view.copy_(g)  # (GradientStore.adopt_grad)
+                param.grad = view
+                report.reported[i] = True
+                ready(report.ids[i])
+                return
         call(method, i)
     return hook
 
@@ -168,9 +188,7 @@ def install_grad_hooks(params, store, grad):
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 handles.append((acc, acc.register_hook(grad_hook(grad, i))))
         return None, handles
-    # (a tensor no .grad is: a parameter that is not plain takes the long way)
-    never = torch.empty(0)
-    report = GradReport([v if plain else never for v, plain in zip(store.views, store.plain)],
+    report = GradReport([v if plain else _NOT_PLAIN for v, plain in zip(store.views, store.plain)],
                         list(store.ids))
     for i, p in enumerate(params):  # runs after the new gradient was added into p.grad
         handles.append((None, p.register_post_accumulate_grad_hook(

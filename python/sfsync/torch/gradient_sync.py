@@ -305,6 +305,7 @@ class GradientSync(WindowFace, Weighing):
         if self._report is not None:  # the hooks report plain gradients themselves
             self._report.reported = self._reported
             self._report.ready = self.context.grad_ready  # (a closed context: its error)
+            self._report.adopt = self._passes == 0
         end = weakref.WeakMethod(self._hook_end_pass)
         _queue_callback(lambda: call(end))
 
