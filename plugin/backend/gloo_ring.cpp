@@ -42,18 +42,19 @@ void waitOrFail(bool completed, const char* what) {
 
 int mod(int a, int w) { return ((a % w) + w) % w; }
 
-// [Note: sends before receives] Every step posts its sends before its
-// receives. Gloo's TCP pair writes a send's bytes in the calling thread
-// when the peer's receive is already known to it, holding the pair's
-// mutex for the copy; meanwhile the device loop, which only try-locks that
-// mutex, finds its socket readable and spins through epoll_wait. With the
-// receives first, each peer learns of the other's receive before its send
-// and writes inline: the loop spun about 9,000 times per window and rank
-// (MLP, sharded, 2 ranks on loopback, one core each) and took 2-3 ms of
-// the rank's core. Posted first, a send waits for the receive's notice and
-// the loop itself writes it: 3,000-4,000 times, and the MLP's sharded
-// window 0.98-1.09 -> 0.90-0.93 of the best DDP (issue 46). The order
-// changes no byte and no sum.
+// [Note: receives before sends] Every step posts its receives before its
+// sends, and must stay so. Gloo's TCP pair writes a send's bytes in the
+// calling thread when the peer's receive is already known to it, holding
+// the pair's mutex for the copy, while the device loop only try-locks that
+// mutex and, its socket readable, spins through epoll_wait (about 25,000
+// calls a transformer window and rank on loopback, 2-3 ms of a one-core
+// rank's CPU). Posting the sends first makes the loop write them itself
+// (500k -> 170-200k epoll_waits in 20 windows; the MLP's sharded window
+// 0.98-1.09 -> 0.90 of the best DDP on loopback), but every send then
+// waits for the receiver's notice, which on a slow link queues behind the
+// bytes still in flight: at 1 Gbit/s each all-gather took 15 ms instead of
+// 3 (median, SF_TRACE) and the MLP's sharded window 1.02 -> 1.21-1.31 of
+// the best DDP. Issue 46 keeps the slow links: receives first.
 
 }  // namespace
 
@@ -149,13 +150,13 @@ int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32
     const int sendChunk = mod(r - s - 1, w), recvChunk = mod(r - s - 2, w);
     const std::vector<RingSpan> in = chunksOf(piece.spans[size_t(recvChunk)], chunk);
     const std::vector<RingSpan> out = chunksOf(piece.spans[size_t(sendChunk)], chunk);
-    for (size_t k = 0; k < out.size(); ++k) {  // [Note: sends before receives]
+    for (size_t k = 0; k < in.size() && k < 2; ++k) {  // [Note: receives before sends]
+      halves[k]->recv(left, chunkSlot(tag, s, k), 0, size_t(in[k].bytes));
+    }
+    for (size_t k = 0; k < out.size(); ++k) {
       data->send(right, chunkSlot(tag, s, k),
                  size_t(sendChunk * piece.strideBytes + out[k].offsetBytes), size_t(out[k].bytes));
       sent += out[k].bytes;
-    }
-    for (size_t k = 0; k < in.size() && k < 2; ++k) {
-      halves[k]->recv(left, chunkSlot(tag, s, k), 0, size_t(in[k].bytes));
     }
     for (size_t k = 0; k < in.size(); ++k) {
       auto& half = halves[k % 2];
@@ -184,14 +185,14 @@ int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t t
     const int sendChunk = mod(r - s, w), recvChunk = mod(r - s - 1, w);
     const auto& in = piece.spans[size_t(recvChunk)];
     const auto& out = piece.spans[size_t(sendChunk)];
-    for (size_t i = 0; i < out.size(); ++i) {  // [Note: sends before receives]
+    for (size_t i = 0; i < in.size(); ++i) {  // [Note: receives before sends]
+      data->recv(left, slotOf(kAllgatherPrefix, tag, s, i),
+                 size_t(recvChunk * piece.strideBytes + in[i].offsetBytes), size_t(in[i].bytes));
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
       data->send(right, slotOf(kAllgatherPrefix, tag, s, i),
                  size_t(sendChunk * piece.strideBytes + out[i].offsetBytes), size_t(out[i].bytes));
       sent += out[i].bytes;
-    }
-    for (size_t i = 0; i < in.size(); ++i) {
-      data->recv(left, slotOf(kAllgatherPrefix, tag, s, i),
-                 size_t(recvChunk * piece.strideBytes + in[i].offsetBytes), size_t(in[i].bytes));
     }
     for (size_t i = 0; i < in.size(); ++i) waitOrFail(data->waitRecv(timeout), "all-gather (recv)");
     for (size_t i = 0; i < out.size(); ++i) waitOrFail(data->waitSend(timeout), "all-gather (send)");

@@ -4,7 +4,7 @@
 // rank, so that together they cost exactly one ring all-reduce of the bytes
 // they move. Segments may carry different amounts (a parameter-aligned
 // bucket's groups): only each segment's spans travel, never its padding.
-// Each step posts its sends before its receives (gloo_ring.cpp's Note).
+// Each step posts its receives before its sends (gloo_ring.cpp's Note).
 // Blocking; run on a backend worker thread. Not responsible for lanes,
 // scaling or tracing.
 
