@@ -105,24 +105,6 @@ std::vector<RankResult> reduceScatter(int world, int64_t segmentElems, sf_dtype 
   });
 }
 
-void expectSums(const std::vector<RankResult>& results, int world, int64_t segmentElems) {
-  for (int r = 0; r < world; ++r) {
-    const RankResult& got = results[size_t(r)];
-    BOOST_TEST_REQUIRE(got.error.empty(), "rank " << r << ": " << got.error);
-    BOOST_REQUIRE_EQUAL(got.own.size(), size_t(segmentElems));
-    int64_t wrong = 0, first = -1;
-    for (int64_t k = 0; k < segmentElems; ++k) {
-      double want = 0;
-      for (int q = 0; q < world; ++q) want += valueOf(q, r, k);
-      if (got.own[size_t(k)] != want) {
-        if (first < 0) first = k;
-        ++wrong;
-      }
-    }
-    BOOST_TEST(wrong == 0, "rank " << r << ": " << wrong << " wrong sums, the first at " << first);
-  }
-}
-
 // The sums times `factor` below element `scaledEnd` of each segment, in
 // `dtype`'s bits: the sum stored (exact: small integers), then scaled by
 // scaleInPlace, as a separate pass over the shard would.
@@ -148,6 +130,11 @@ void expectScaledSums(const std::vector<RankResult>& results, int world, int64_t
     BOOST_TEST(wrong == 0, "rank " << r << ": " << wrong << " wrong, the first at " << first
                                     << " (scaled below " << scaledEnd << ")");
   }
+}
+
+// The plain sums (exact in every dtype: small integers).
+void expectSums(const std::vector<RankResult>& results, int world, int64_t segmentElems) {
+  expectScaledSums(results, world, segmentElems, SF_DTYPE_FLOAT64, 1.0, 0);
 }
 
 }  // namespace
