@@ -5,8 +5,8 @@
 // they move. Segments may carry different amounts (a parameter-aligned
 // bucket's groups): only each segment's spans travel, never its padding.
 // Each step posts its receives before its sends (gloo_ring.cpp's Note).
-// Blocking; run on a backend worker thread. Not responsible for lanes,
-// scaling or tracing.
+// Blocking; run on a backend worker thread. Not responsible for lanes or
+// tracing; of the scaling, only the reduce-scatter's owner's (its factor).
 
 #include <chrono>
 #include <cstdint>
