@@ -8,6 +8,7 @@
 #include <functional>
 
 #include <gloo/allreduce.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -191,8 +192,31 @@ void GlooBackend::connectHere() {
     auto device = gloo::transport::tcp::CreateDevice(attr);
     // Our own full-mesh connect: Gloo's waits 5 x timeout for a silent peer.
     context_ = connectMesh(*store_, device);
+    if (opts_.world_size == 2) {  // [Note: a mesh per direction]
+      gloo::rendezvous::PrefixStore reverse("reverse", *store_);
+      reverse_ = connectMesh(reverse, device);
+    }
   });
 }
+
+namespace {
+
+// [Note: a mesh per direction] At two ranks a ring sends to and receives
+// from the same peer. On one Gloo pair (one socket) a send whose receive is
+// known is written by the sending thread under the pair's mutex, which
+// Gloo's TCP loop only try-locks: with the peer's bytes arriving on that
+// socket the loop spins through epoll_wait for the whole copy (about
+// 25,000 calls a transformer window and rank on loopback, 2-3 ms of a
+// one-core rank's CPU; gloo_ring.cpp's Note). A second mesh carries the
+// bytes from rank 1 to rank 0, so that each socket carries a ring's bytes
+// one way and the copy never holds the lock of the socket receiving. From
+// three ranks on, a ring's two neighbours are two pairs already.
+RingLinks linksOf(gloo::Context& context, gloo::Context* reverse) {
+  if (reverse == nullptr) return {context, context};
+  return context.rank == 0 ? RingLinks{context, *reverse} : RingLinks{*reverse, context};
+}
+
+}  // namespace
 
 std::shared_ptr<gloo::Context> GlooBackend::connectMesh(
     gloo::rendezvous::Store& store, const std::shared_ptr<gloo::transport::Device>& device) {
@@ -266,8 +290,10 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
     const size_t lane = slot.lane;
     auto context = context_;
     std::vector<uint16_t>* scratch = &wireScratch_[lane];  // only this lane's thread uses it
+    auto reverse = reverse_;
     const int64_t piece = int64_t(futures.size());
-    auto task = [this, context, scratch, at, begin, count, dtype, wire, spec, lane, piece, tag] {
+    auto task = [this, context, reverse, scratch, at, begin, count, dtype, wire, spec, lane, piece,
+                 tag] {
       throwIfFailed();  // another lane failed: fail now, not at this lane's timeout
       const int64_t wireBytes = count * int64_t(dtypeSize(wire));
       const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane), "wire",
@@ -281,7 +307,8 @@ std::unique_ptr<Work> GlooBackend::startAllreduce(void* data, int64_t numel, sf_
         if (wire != dtype) {
           // float32 carried as 16 bits, each rank's own values added unrounded.
           glooCall("allreduce (16-bit wire)", [&] {
-            ringAllreduce16(*context, static_cast<float*>(at), count, scaled, wire,
+            ringAllreduce16(linksOf(*context, reverse.get()), static_cast<float*>(at), count,
+                            scaled, wire,
                             float(spec.prescale), float(spec.postscale), tag,
                             std::chrono::milliseconds(opts_.timeout_ms), *scratch);
           });
@@ -321,10 +348,11 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
     const size_t lane = slot.lane;
     auto context = context_;
     std::vector<char>* scratch = &ringScratch_[lane];  // only this lane's thread uses it
+    auto reverse = reverse_;
     const int64_t piece = int64_t(futures.size());
     char* base = static_cast<char*>(data);
-    auto task = [this, context, scratch, base, begin, count, dtype, segmentElems, spec, lane,
-                 piece, tag, timeout] {
+    auto task = [this, context, reverse, scratch, base, begin, count, dtype, segmentElems, spec,
+                 lane, piece, tag, timeout] {
       throwIfFailed();
       int64_t sent = 0;
       const PieceSpan span(spec.trace, int(1 + lane), "lane " + std::to_string(lane),
@@ -334,7 +362,7 @@ std::unique_ptr<Work> GlooBackend::startReduceScatter(void* data, int64_t segmen
         // Scales on this rank's own piece only (the shard), after the sum:
         // the ring scales each chunk as it takes its last sum.
         glooCall("reduce-scatter", [&] {
-          sent = ringReduceScatter(*context,
+          sent = ringReduceScatter(linksOf(*context, reverse.get()),
                                    slicePiece(base, segmentElems, dtype, context->size, begin,
                                               count, spec.segmentUsed, dataEnd),
                                    tag, timeout, *scratch, spec.prescale * spec.postscale,
@@ -359,14 +387,15 @@ std::unique_ptr<Work> GlooBackend::startAllgather(void* data, int64_t segmentEle
   // Tags 2^31.. : their own sequence, apart from the reductions' 1..2^31-1.
   const uint32_t tag = 0x80000000u | uint32_t(nextGather_++ % 0x7fffffffu);
   auto context = context_;
+  auto reverse = reverse_;
   char* base = static_cast<char*>(data);
-  auto task = [this, context, base, segmentElems, dtype, spec, tag, timeout] {
+  auto task = [this, context, reverse, base, segmentElems, dtype, spec, tag, timeout] {
     throwIfFailed();
     int64_t sent = 0;
     const PieceSpan span(spec.trace, int(1 + lanes_), "gather", "all_gather", spec.bucket, 0, &sent);
     try {
       glooCall("all-gather", [&] {
-        sent = ringAllgather(*context,
+        sent = ringAllgather(linksOf(*context, reverse.get()),
                              slicePiece(base, segmentElems, dtype, context->size, 0, segmentElems,
                                         spec.segmentUsed, segmentElems),
                              tag, timeout);

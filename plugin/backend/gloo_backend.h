@@ -115,6 +115,9 @@ class GlooBackend : public Backend {
   std::shared_ptr<Rendezvous> rendezvous_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
   std::shared_ptr<gloo::Context> context_;                 // every lane's, once connected
+  // World size 2: a second mesh, the rings' bytes from rank 1 to rank 0
+  // (gloo_backend.cpp's [Note: a mesh per direction]); null otherwise.
+  std::shared_ptr<gloo::Context> reverse_;
   size_t lanes_ = 0;                                       // 0 until connected
   std::vector<std::vector<uint16_t>> wireScratch_;         // per lane, used by its thread only
   uint64_t nextPiece_ = 0;                                 // of the next piece (nextPieceSlot)

@@ -54,7 +54,9 @@ int mod(int a, int w) { return ((a % w) + w) % w; }
 // waits for the receiver's notice, which on a slow link queues behind the
 // bytes still in flight: at 1 Gbit/s each all-gather took 15 ms instead of
 // 3 (median, SF_TRACE) and the MLP's sharded window 1.02 -> 1.21-1.31 of
-// the best DDP. Issue 46 keeps the slow links: receives first.
+// the best DDP. Issue 46 keeps the slow links: receives first. At two
+// ranks the spin is avoided otherwise: a mesh per direction
+// (gloo_backend.cpp), so that the socket written never receives.
 
 }  // namespace
 
@@ -113,10 +115,10 @@ uint64_t chunkSlot(uint32_t tag, int step, size_t k) {
 
 }  // namespace
 
-int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32_t tag,
+int64_t ringReduceScatter(const RingLinks& links, const RingPiece& piece, uint32_t tag,
                           std::chrono::milliseconds timeout, std::vector<char>& scratch,
                           double factor, int64_t scaledEnd) {
-  const int w = context.size, r = context.rank;
+  const int w = links.send.size, r = links.send.rank;
   const size_t esize = dtypeSize(piece.dtype);
   char* mine = piece.base + r * piece.strideBytes;
   // This rank's sums in [offsetBytes, offsetBytes + bytes) of its segment,
@@ -141,10 +143,10 @@ int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32
   // segment (it stays allocated per lane: 0.3 held a whole shard per lane).
   const int64_t chunk = ringChunkBytes(most, esize);
   if (scratch.size() < size_t(2 * chunk)) scratch.resize(size_t(2 * chunk));
-  auto data = context.createUnboundBuffer(piece.base, size_t(piece.strideBytes) * size_t(w));
+  auto data = links.send.createUnboundBuffer(piece.base, size_t(piece.strideBytes) * size_t(w));
   std::unique_ptr<gloo::transport::UnboundBuffer> halves[2] = {
-      context.createUnboundBuffer(scratch.data(), size_t(chunk)),
-      context.createUnboundBuffer(scratch.data() + chunk, size_t(chunk))};
+      links.recv.createUnboundBuffer(scratch.data(), size_t(chunk)),
+      links.recv.createUnboundBuffer(scratch.data() + chunk, size_t(chunk))};
   int64_t sent = 0;
   for (int s = 0; s < w - 1; ++s) {
     const int sendChunk = mod(r - s - 1, w), recvChunk = mod(r - s - 2, w);
@@ -172,21 +174,22 @@ int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32
   return sent;
 }
 
-int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t tag,
+int64_t ringAllgather(const RingLinks& links, const RingPiece& piece, uint32_t tag,
                       std::chrono::milliseconds timeout) {
-  const int w = context.size, r = context.rank;
+  const int w = links.send.size, r = links.send.rank;
   if (w == 1) return 0;
   const int64_t most = largestSegment(piece);
   if (most == 0) return 0;
   const int right = (r + 1) % w, left = (r - 1 + w) % w;
-  auto data = context.createUnboundBuffer(piece.base, size_t(piece.strideBytes) * size_t(w));
+  auto data = links.send.createUnboundBuffer(piece.base, size_t(piece.strideBytes) * size_t(w));
+  auto into = links.recv.createUnboundBuffer(piece.base, size_t(piece.strideBytes) * size_t(w));
   int64_t sent = 0;
   for (int s = 0; s < w - 1; ++s) {
     const int sendChunk = mod(r - s, w), recvChunk = mod(r - s - 1, w);
     const auto& in = piece.spans[size_t(recvChunk)];
     const auto& out = piece.spans[size_t(sendChunk)];
     for (size_t i = 0; i < in.size(); ++i) {  // [Note: receives before sends]
-      data->recv(left, slotOf(kAllgatherPrefix, tag, s, i),
+      into->recv(left, slotOf(kAllgatherPrefix, tag, s, i),
                  size_t(recvChunk * piece.strideBytes + in[i].offsetBytes), size_t(in[i].bytes));
     }
     for (size_t i = 0; i < out.size(); ++i) {
@@ -194,16 +197,16 @@ int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t t
                  size_t(sendChunk * piece.strideBytes + out[i].offsetBytes), size_t(out[i].bytes));
       sent += out[i].bytes;
     }
-    for (size_t i = 0; i < in.size(); ++i) waitOrFail(data->waitRecv(timeout), "all-gather (recv)");
+    for (size_t i = 0; i < in.size(); ++i) waitOrFail(into->waitRecv(timeout), "all-gather (recv)");
     for (size_t i = 0; i < out.size(); ++i) waitOrFail(data->waitSend(timeout), "all-gather (send)");
   }
   return sent;
 }
 
-int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int64_t scaled,
+int64_t ringAllreduce16(const RingLinks& links, float* data, int64_t count, int64_t scaled,
                         sf_dtype wire, float prescale, float postscale, uint32_t tag,
                         std::chrono::milliseconds timeout, std::vector<uint16_t>& scratch) {
-  const int w = context.size, r = context.rank;
+  const int w = links.send.size, r = links.send.rank;
   // Segment k: elements [k seg, min(count, (k + 1) seg)), possibly short or
   // empty; the scratch spans whole segments (the buffers the rings register).
   const int64_t seg = (count + w - 1) / w;
@@ -234,7 +237,7 @@ int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int6
       return std::make_pair(k * seg + c.offsetBytes / 2, c.bytes / 2);
     };
     const int right = (r + 1) % w, left = (r - 1 + w) % w;
-    auto buffer = context.createUnboundBuffer(wireData, size_t(seg * w) * 2);
+    auto buffer = links.send.createUnboundBuffer(wireData, size_t(seg * w) * 2);
     for (int s = 0; s < w - 1; ++s) {
       const int sendSeg = mod(r - s - 1, w), recvSeg = mod(r - s - 2, w);
       const std::vector<RingSpan> in = chunksOf(piece.spans[size_t(recvSeg)], chunk);
@@ -244,7 +247,7 @@ int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int6
       std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> inBuffers;
       for (size_t k = 0; k < in.size(); ++k) {
         const auto [lo, n] = elems(recvSeg, in[k]);
-        inBuffers.push_back(context.createUnboundBuffer(wireData + lo, size_t(n) * 2));
+        inBuffers.push_back(links.recv.createUnboundBuffer(wireData + lo, size_t(n) * 2));
         inBuffers.back()->recv(left, chunkSlot(tag, s, k), 0, size_t(n) * 2);
       }
       for (size_t k = 0; k < out.size(); ++k) {
@@ -264,7 +267,7 @@ int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int6
         waitOrFail(buffer->waitSend(timeout), "16-bit reduce-scatter (send)");
       }
     }
-    sent += ringAllgather(context, piece, tag, timeout);
+    sent += ringAllgather(links, piece, tag, timeout);
   }
   byFactor(0, count, postscale, [&](int64_t at, int64_t n, float k) {
     widenFrom16(data + at, wireData + at, n, wire, k);

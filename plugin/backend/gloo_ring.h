@@ -26,6 +26,14 @@ struct RingSpan {
   int64_t bytes;
 };
 
+// The Gloo contexts a ring sends on and receives on: the same one, or at
+// two ranks one per direction (gloo_backend.cpp's [Note: a mesh per
+// direction]). Both have this rank's rank and the same size.
+struct RingLinks {
+  gloo::Context& send;
+  gloo::Context& recv;
+};
+
 // One piece of a segmented buffer: world_size segments of `strideBytes`
 // each start at `base`; in segment k the piece is spans[k] (at most two
 // ranges, in order; possibly none). Every rank builds the same spans.
@@ -61,12 +69,12 @@ int64_t ringChunkBytes(int64_t largestSegmentBytes, size_t elemBytes);
 // is the same on every rank and unique among collectives in flight.
 // Returns the bytes this rank sent. Throws what Gloo throws (the caller maps
 // it), or sfsync::Error(SF_ERR_TIMEOUT) when a wait is aborted.
-int64_t ringReduceScatter(gloo::Context& context, const RingPiece& piece, uint32_t tag,
+int64_t ringReduceScatter(const RingLinks& links, const RingPiece& piece, uint32_t tag,
                           std::chrono::milliseconds timeout, std::vector<char>& scratch,
                           double factor = 1.0, int64_t scaledEnd = -1);
 
 // Afterwards every segment's piece holds what its rank held.
-int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t tag,
+int64_t ringAllgather(const RingLinks& links, const RingPiece& piece, uint32_t tag,
                       std::chrono::milliseconds timeout);
 
 // A float32 piece of `count` elements all-reduced over a 16-bit wire
@@ -81,7 +89,7 @@ int64_t ringAllgather(gloo::Context& context, const RingPiece& piece, uint32_t t
 // with the same bits. `scratch` is grown to whole segments (`count` 16-bit
 // values rounded up to a multiple of world_size). Returns
 // the bytes this rank sent; throws as ringReduceScatter.
-int64_t ringAllreduce16(gloo::Context& context, float* data, int64_t count, int64_t scaled,
+int64_t ringAllreduce16(const RingLinks& links, float* data, int64_t count, int64_t scaled,
                         sf_dtype wire, float prescale, float postscale, uint32_t tag,
                         std::chrono::milliseconds timeout, std::vector<uint16_t>& scratch);
 

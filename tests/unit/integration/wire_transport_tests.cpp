@@ -17,7 +17,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,24 @@ int64_t tcpBytesReceived() {
   return total;
 }
 
+// Per TCP socket of this process: bytes received and bytes sent (acked).
+std::map<int, std::pair<int64_t, int64_t>> tcpBytesPerSocket() {
+  std::map<int, std::pair<int64_t, int64_t>> out;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d)) continue;
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
+    if (len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received) continue;
+    out[fd] = {int64_t(info.tcpi_bytes_received), int64_t(info.tcpi_bytes_acked)};
+  }
+  closedir(d);
+  return out;
+}
+
 struct Mode {
   const char* name;
   sf_shard_layout layout = SF_SHARD_NONE;
@@ -75,12 +95,15 @@ struct Seen {
 struct Run {
   std::vector<Seen> ranks;
   int64_t transport = 0;
+  // Per socket, over the timed window: bytes received, bytes sent.
+  std::map<int, std::pair<int64_t, int64_t>> sockets;
 };
 
 Run runMode(const Mode& m) {
   const std::string rdv = "memory://" + uniqueName(std::string("wire-") + m.name);
   sfsync::ThreadBarrier barrier(2);
   int64_t before = 0, after = 0;
+  std::map<int, std::pair<int64_t, int64_t>> socketsBefore, socketsAfter;
   const std::vector<int64_t> sizes = {65536, 65536, 65536};  // 256 KiB each: a bucket each
   Run run;
   run.ranks = runThreadRanks<Seen>(2, [&](int rank) {
@@ -133,13 +156,13 @@ Run runMode(const Mode& m) {
     };
     if (!barrierOnError) window();  // connect, claims, the layout check
     barrier.wait();
-    if (rank == 0) before = tcpBytesReceived();
+    if (rank == 0) before = tcpBytesReceived(), socketsBefore = tcpBytesPerSocket();
     barrier.wait();
     const sf_stats a = statsOf(h.ctx);
     if (!barrierOnError) window();
     sf_stats b = statsOf(h.ctx);
     barrier.wait();
-    if (rank == 0) after = tcpBytesReceived();
+    if (rank == 0) after = tcpBytesReceived(), socketsAfter = tcpBytesPerSocket();
     barrier.wait();
     const int64_t* pa = &a.wire_allreduces;
     int64_t* pb = &b.wire_allreduces;
@@ -148,7 +171,36 @@ Run runMode(const Mode& m) {
     return seen;
   });
   run.transport = after - before;
+  for (const auto& [fd, bytes] : socketsAfter) {
+    const auto was = socketsBefore.count(fd) ? socketsBefore[fd] : std::make_pair(int64_t(0), int64_t(0));
+    run.sockets[fd] = {bytes.first - was.first, bytes.second - was.second};
+  }
   return run;
+}
+
+// At two ranks the rings' bytes go one way per socket (gloo_backend.cpp's
+// [Note: a mesh per direction]): no socket both sends and receives more
+// than Gloo's framing, and the payload arrives.
+void checkOneWayPerSocket(const Mode& m) {
+  const Run run = runMode(m);
+  int64_t collectives = 0;
+  for (const Seen& s : run.ranks) {
+    BOOST_REQUIRE_MESSAGE(s.error.empty(), s.error);
+    collectives += s.delta.wire_reduce_scatters + s.delta.wire_all_gathers +
+                   s.delta.wire_allreduces + s.delta.wire_controls;
+  }
+  const int64_t framing = kFramingPerCollective * collectives;
+  int64_t carried = 0;
+  for (const auto& [fd, bytes] : run.sockets) {
+    BOOST_TEST_MESSAGE(m.name << ": socket " << fd << " received " << bytes.first << ", sent "
+                              << bytes.second);
+    BOOST_TEST(std::min(bytes.first, bytes.second) <= framing,
+               m.name << ": socket " << fd << " received " << bytes.first << " and sent "
+                      << bytes.second << " bytes (framing allowed: " << framing << ")");
+    carried += bytes.first;
+  }
+  BOOST_TEST(carried >= run.transport);
+  BOOST_TEST(run.transport > 3 * 65536 * 4 / 2);  // at least each bucket's half, once
 }
 
 void check(const Mode& m) {
@@ -215,6 +267,18 @@ BOOST_AUTO_TEST_CASE(sharded_parameter_2_gloo_threads) {
   Mode m{"sharded-parameter"};
   m.layout = SF_SHARD_PARAMETER;
   check(m);
+}
+
+BOOST_AUTO_TEST_CASE(two_ranks_send_each_way_on_a_socket_of_its_own_sharded) {
+  Mode m{"one-way-sharded"};
+  m.layout = SF_SHARD_FLAT;
+  checkOneWayPerSocket(m);
+}
+
+BOOST_AUTO_TEST_CASE(two_ranks_send_each_way_on_a_socket_of_its_own_bf16_wire) {
+  Mode m{"one-way-bf16"};
+  m.bf16 = true;
+  checkOneWayPerSocket(m);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
